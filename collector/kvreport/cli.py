@@ -1,0 +1,216 @@
+"""The `kvreport` command line (click). Each command is a thin shell over a module of its own.
+
+Exit codes (design.md): ``analyze`` 0 when it diagnosed a failure, 1 when the input holds none;
+``fit`` 0; ``run`` the child's status; 2 for usage and input errors (one line on stderr, never a
+traceback); 3 for an internal error (one line; set ``KVREPORT_DEBUG=1`` for the traceback).
+
+Imports are lazy so that ``kvreport --help`` loads neither the server, requests nor numpy.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from kvreport import __version__
+from kvreport.errors import KvreportError
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _fail(message: str, code: int = 2) -> None:
+    click.echo(f"kvreport: error: {message}", err=True)
+    sys.exit(code)
+
+
+class _Group(click.Group):
+    """Turns every kvreport error into one stderr line and an exit status."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KvreportError as exc:
+            msg = str(exc)
+            if exc.hint:
+                msg += f" ({exc.hint})"
+            _fail(msg, exc.exit_code)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+        except BrokenPipeError:
+            sys.exit(0)
+        except Exception as exc:  # noqa: BLE001 - the last line of defence for the user
+            if os.environ.get("KVREPORT_DEBUG"):
+                raise
+            _fail(f"internal error: {type(exc).__name__}: {exc} (set KVREPORT_DEBUG=1 for a traceback)", 3)
+
+
+@click.group(cls=_Group, context_settings=CONTEXT_SETTINGS)
+@click.version_option(__version__, prog_name="kvreport")
+def main() -> None:
+    """Explain KV-cache and runtime-buffer allocation failures of llama.cpp, Ollama, vLLM and SGLang.
+
+    \b
+    kvreport run -- llama-server -m model.gguf -c 262144    run an engine; on failure, diagnose it
+    kvreport collect --log server.log --command "..."      make a redacted bundle from a log
+    kvreport analyze server.log                           diagnose a log or bundle offline
+    kvreport fit --model model.gguf --free-mib 8192         KV bytes per token, largest context that fits
+    kvreport upload kvreport-XXXX.json                    send a bundle to the team server
+    kvreport serve                                        run the team server (SQLite by default)
+    """
+
+
+def _collect_options(f):
+    """Options shared by `collect` and `run`."""
+    opts = [
+        click.option("--log", "log_path", type=click.Path(dir_okay=False, allow_dash=True),
+                     help="Engine log file to read ('-' for stdin)."),
+        click.option("--command", "command_line", help="The engine command line as you typed it."),
+        click.option("--model", "model_path", type=click.Path(dir_okay=False),
+                     help="GGUF model file (only its header is read)."),
+        click.option("-o", "--output", "output", type=click.Path(dir_okay=False),
+                     help="Where to write the bundle (default ./kvreport-<id>.json)."),
+        click.option("--upload", is_flag=True, help="Upload the bundle after writing it."),
+        click.option("--server", envvar="KVREPORT_SERVER", help="Server URL for --upload."),
+        click.option("--token", envvar="KVREPORT_TOKEN", help="API token for --upload."),
+        click.option("--show", is_flag=True, help="Print the redacted bundle before writing it."),
+        click.option("--yes", "-y", is_flag=True, help="Do not ask before uploading (for scripts)."),
+        click.option("--json", "as_json", is_flag=True, help="Print the diagnosis as JSON."),
+        click.option("--probe-timeout", type=float, default=3.0, show_default=True,
+                     help="Seconds each device/engine probe may take."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+@main.command(context_settings=CONTEXT_SETTINGS)
+@_collect_options
+def collect(**opts) -> None:
+    """Gather a redacted bundle (machine, engine, command, log), print the diagnosis, write it."""
+    from kvreport import collect as collect_mod
+
+    sys.exit(collect_mod.cli_collect(**opts))
+
+
+@main.command(context_settings={**CONTEXT_SETTINGS, "ignore_unknown_options": True,
+                                "allow_interspersed_args": False})
+@_collect_options
+@click.option("--keep-verbosity", is_flag=True,
+              help="Do not add -lv 4 to llama.cpp commands (recent builds hide their size lines without it).")
+@click.option("--always", is_flag=True, help="Collect a bundle even when the command succeeds.")
+@click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(cmd, **opts) -> None:
+    """Run CMD with its output passed through; on failure collect a bundle. Exits with CMD's status."""
+    from kvreport import runner
+
+    sys.exit(runner.cli_run(list(cmd), **opts))
+
+
+@main.command(context_settings=CONTEXT_SETTINGS)
+@click.argument("path", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--json", "as_json", is_flag=True, help="Print the diagnosis JSON.")
+@click.option("--command", "command_line", help="The command line that produced the log, if known.")
+def analyze(path: str, as_json: bool, command_line: str | None) -> None:
+    """Diagnose a bundle file or a raw engine log (or '-' for stdin), offline.
+
+    Text pasted from a GitHub issue (code fences, '> ' quotes) is accepted as it is.
+    Exit 0 when a failure was diagnosed, 1 when the input holds no failure.
+    """
+    from kvreport import analyze_cmd
+
+    sys.exit(analyze_cmd.cli_analyze(path, as_json=as_json, command_line=command_line))
+
+
+@main.command(context_settings=CONTEXT_SETTINGS)
+@click.option("--model", "model_path", type=click.Path(dir_okay=False), help="GGUF model file.")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False, allow_dash=True),
+              help="A llama.cpp log that printed the model parameters.")
+@click.option("--config", "hf_config", type=click.Path(dir_okay=False),
+              help="A Hugging Face config.json (vLLM / SGLang sizing).")
+@click.option("-c", "--ctx-size", "ctx_size", type=click.IntRange(min=0), help="Requested context (tokens).")
+@click.option("--free-mib", type=click.FloatRange(min=0), help="Free memory to fit into (MiB); default: local devices.")
+@click.option("-np", "--parallel", "parallel", type=click.IntRange(min=1), help="Parallel sequences (slots).")
+@click.option("-kvu/-no-kvu", "--kv-unified/--no-kv-unified", "kv_unified", default=None,
+              help="Unified KV cache (llama-server's default with automatic --parallel).")
+@click.option("-ctk", "--cache-type-k", "cache_type_k", default=None, help="K cache type (f16, q8_0, ...).")
+@click.option("-ctv", "--cache-type-v", "cache_type_v", default=None, help="V cache type.")
+@click.option("--swa-full", is_flag=True, default=False, help="Full-size cache for sliding-window layers.")
+@click.option("--headroom-mib", type=click.FloatRange(min=0), default=None,
+              help="Memory to keep free besides the KV (MiB); default 0 with --free-mib.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def fit(**opts) -> None:
+    """KV bytes per token, the KV of the requested context, and the largest context that fits."""
+    from kvreport import fit as fit_mod
+
+    sys.exit(fit_mod.cli_fit(**opts))
+
+
+@main.command(context_settings=CONTEXT_SETTINGS)
+@click.argument("path", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--server", envvar="KVREPORT_SERVER", help="Server URL (else KVREPORT_SERVER, else config file).")
+@click.option("--token", envvar="KVREPORT_TOKEN", help="API token (else KVREPORT_TOKEN, else config file).")
+@click.option("--json", "as_json", is_flag=True, help="Print the server's answer as JSON.")
+def upload(path: str, server: str | None, token: str | None, as_json: bool) -> None:
+    """Send a bundle to the team server; print its URL, its cluster and any known fix."""
+    from kvreport import upload as upload_mod
+
+    sys.exit(upload_mod.cli_upload(path, server=server, token=token, as_json=as_json))
+
+
+@main.command(context_settings=CONTEXT_SETTINGS)
+@click.argument("path", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--url", help="The bundle's permalink, when it was uploaded elsewhere.")
+def issue(path: str, url: str | None) -> None:
+    """Print a GitHub issue body (Markdown) for a bundle."""
+    from kvreport import markdown
+
+    sys.exit(markdown.cli_issue(path, url=url))
+
+
+@main.command(context_settings=CONTEXT_SETTINGS)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--database-url", envvar="KVREPORT_DATABASE_URL",
+              help="SQLAlchemy URL (default: SQLite in the user data directory).")
+def serve(host: str, port: int, database_url: str | None) -> None:
+    """Run the kvreport server on this machine (migrations are applied on start)."""
+    try:
+        from kvreport_server import cli_entry
+    except ImportError as exc:
+        raise KvreportError(f"the server is not installed ({exc.name} missing)",
+                            hint="pip install 'kvreport[server]'") from None
+    sys.exit(cli_entry.serve(host=host, port=port, database_url=database_url))
+
+
+@main.group(cls=_Group, context_settings=CONTEXT_SETTINGS)
+def admin() -> None:
+    """Server administration: API tokens."""
+
+
+@admin.command("create-token", context_settings=CONTEXT_SETTINGS)
+@click.argument("name")
+@click.option("--scope", type=click.Choice(["upload", "write", "admin"]), default="upload", show_default=True)
+@click.option("--database-url", envvar="KVREPORT_DATABASE_URL", help="The server's database URL.")
+def create_token(name: str, scope: str, database_url: str | None) -> None:
+    """Create an API token and print it once, alone on one line (stored hashed)."""
+    from kvreport_server import cli_entry
+
+    sys.exit(cli_entry.create_token(name=name, scope=scope, database_url=database_url))
+
+
+@admin.command("revoke-token", context_settings=CONTEXT_SETTINGS)
+@click.argument("name")
+@click.option("--database-url", envvar="KVREPORT_DATABASE_URL", help="The server's database URL.")
+def revoke_token(name: str, database_url: str | None) -> None:
+    """Revoke every active token with this name."""
+    from kvreport_server import cli_entry
+
+    sys.exit(cli_entry.revoke_token(name=name, database_url=database_url))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
