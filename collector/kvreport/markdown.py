@@ -1,0 +1,252 @@
+"""GitHub issue bodies for a bundle: every field a llama.cpp bug report needs, the diagnosis and
+the permalink (`kvreport issue`, the server's ``.md`` view and its "Copy as GitHub issue" button).
+
+The fields follow the playbook's "What a good report contains" (shared/reference/playbook.md) and
+llama.cpp's own bug-report template (``.github/ISSUE_TEMPLATE/011-bug-results.yml``: name and
+version, operating systems, GGML backends, hardware, models, problem description, first bad
+commit, relevant log output). Everything comes from the bundle (already redacted on the client)
+and the diagnosis recomputed from it; nothing is read from the machine here.
+"""
+
+from __future__ import annotations
+
+import click
+
+FENCE = "```"
+
+PHASE_WORDS = {
+    "kv_cache": "KV cache allocation failed",
+    "compute_buffer": "compute buffer allocation failed",
+    "model_weights": "model weights did not fit",
+    "context": "context creation failed",
+    "kv_capacity": "KV cache too small for the configured length",
+    "memory_budget": "the engine's memory check refused to start",
+    "none": "no failure",
+    "unknown": "failure not about runtime memory",
+}
+
+
+def _fmt_mib(value) -> str:
+    if value is None:
+        return "?"
+    try:
+        return f"{float(value):,.0f} MiB" if float(value) >= 10 else f"{float(value):.2f} MiB"
+    except (TypeError, ValueError):
+        return "?"
+
+
+def _cell(value) -> str:
+    """A Markdown table cell: no pipes or newlines from untrusted text."""
+    if value is None or value == "" or value == []:
+        return "—"
+    text = ", ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+    return text.replace("|", "\\|").replace("\n", " ").strip()
+
+
+def _fenced(text: str, lang: str = "") -> str:
+    fence = FENCE
+    while fence in text:
+        fence += "`"
+    return f"{fence}{lang}\n{text}\n{fence}"
+
+
+def issue_title(bundle: dict, diagnosis: dict) -> str:
+    """One line: engine, what failed, backend and the numbers (e.g. for the issue's title field)."""
+    failure = diagnosis.get("failure") or {}
+    engine = diagnosis.get("engine") or (bundle.get("engine") or {}).get("name") or "engine"
+    what = PHASE_WORDS.get(failure.get("phase") or "unknown", "failure")
+    parts = [f"{engine}: {what}"]
+    if failure.get("failing_device"):
+        parts.append(f"on {failure['failing_device']}")
+    if failure.get("requested_mib") is not None:
+        req = f"({_fmt_mib(failure['requested_mib'])} requested"
+        if failure.get("free_mib") is not None:
+            req += f", {_fmt_mib(failure['free_mib'])} free"
+        parts.append(req + ")")
+    return " ".join(parts)
+
+
+def _environment_rows(bundle: dict) -> list[tuple[str, object]]:
+    engine = bundle.get("engine") or {}
+    host = bundle.get("host") or {}
+    command = bundle.get("command") or {}
+    flags = command.get("flags") or {}
+    model = bundle.get("model") or {}
+    version = engine.get("version")
+    if engine.get("build_number") is not None or engine.get("commit"):
+        version = f"{version or ''} (b{engine.get('build_number', '?')}, commit {engine.get('commit') or '?'})".strip()
+    binary = engine.get("binary")
+    if binary and engine.get("binary_realpath") and engine["binary_realpath"] != binary:
+        binary = f"{binary} -> {engine['binary_realpath']}"
+    os_line = " ".join(str(x) for x in (host.get("os"), host.get("os_release")) if x)
+    if host.get("kernel"):
+        os_line += f" (kernel {host['kernel']})"
+    if host.get("wsl"):
+        os_line += ", WSL"
+    if host.get("container"):
+        os_line += f", container: {host['container']}"
+    ram = None
+    if host.get("ram_total_mib") is not None:
+        ram = f"{_fmt_mib(host['ram_total_mib'])} total, {_fmt_mib(host.get('ram_free_mib'))} free"
+    rows = [
+        ("Engine", engine.get("name")),
+        ("Version", version),
+        ("Binary", binary),
+        ("Build", " ".join(str(x) for x in (engine.get("compiler"), engine.get("target")) if x) or None),
+        ("OS", os_line or None),
+        ("CPU", host.get("cpu_model")),
+        ("RAM", ram),
+        ("Model", model.get("file_name")),
+        ("Context (-c)", flags.get("n_ctx")),
+        ("Parallel (-np)", flags.get("n_parallel")),
+        ("Cache types (-ctk / -ctv)", f"{flags.get('cache_type_k', 'f16 (default)')} / "
+                                       f"{flags.get('cache_type_v', 'f16 (default)')}"),
+        ("GPU layers (-ngl)", flags.get("n_gpu_layers")),
+        ("Flash attention (-fa)", flags.get("flash_attn")),
+        ("Split mode / tensor split", " / ".join(str(x) for x in (flags.get("split_mode"),
+                                                                    flags.get("tensor_split")) if x) or None),
+    ]
+    return rows
+
+
+def _device_rows(bundle: dict) -> list[str]:
+    before = {m.get("device"): m for m in bundle.get("memory_before_launch") or []}
+    out = []
+    for dev in bundle.get("devices") or []:
+        name = dev.get("name")
+        label = f"{dev.get('backend') or ''}{dev.get('index') if dev.get('index') is not None else ''}"
+        free = dev.get("free_mib")
+        for key in (label, name):
+            if key in before and before[key].get("free_mib") is not None:
+                free = before[key]["free_mib"]
+        out.append(f"| {_cell(label)} | {_cell(name)} | {_cell(_fmt_mib(dev.get('total_mib')))} | "
+                   f"{_cell(_fmt_mib(free))} | {_cell(dev.get('driver_version'))} | "
+                   f"{_cell(dev.get('compute_capability'))} |")
+    if not out and before:
+        for key, mem in before.items():
+            out.append(f"| {_cell(key)} | {_cell(mem.get('name'))} | {_cell(_fmt_mib(mem.get('total_mib')))} | "
+                       f"{_cell(_fmt_mib(mem.get('free_mib')))} | — | — |")
+    return out
+
+
+def _log_excerpt(bundle: dict, diagnosis: dict, max_lines: int | None) -> tuple[str, bool]:
+    lines = ((bundle.get("log") or {}).get("lines")) or []
+    texts = [t for _n, t in lines]
+    failure = diagnosis.get("failure") or {}
+    if max_lines is not None and len(texts) > max_lines:
+        # Keep the lines around the allocator error and the final error, then the tail.
+        marks = {failure.get("allocator_error"), failure.get("final_error")} - {None}
+        keep = set(range(max(0, len(texts) - max_lines // 2), len(texts)))
+        for i, t in enumerate(texts):
+            if t in marks:
+                keep.update(range(max(0, i - 5), min(len(texts), i + 3)))
+        keep_sorted = sorted(keep)[-max_lines:]
+        return "\n".join(texts[i] for i in keep_sorted), True
+    return "\n".join(texts), False
+
+
+def issue_body(bundle: dict, diagnosis: dict, url: str | None = None, max_log_lines: int | None = 400) -> str:
+    """The Markdown body of a GitHub issue for ``bundle`` and its ``diagnosis``.
+
+    ``url`` is the bundle's permalink on a kvreport server (shown at the top when known).
+    ``max_log_lines`` bounds the log section (``None``: the whole excerpt); the lines around the
+    allocator and final error lines are kept first. Returns a ``str``; never raises on missing facts.
+    """
+    failure = diagnosis.get("failure") or {}
+    memory = diagnosis.get("memory") or {}
+    command = bundle.get("command") or {}
+    out: list[str] = []
+    out.append("### Name and Version")
+    out.append("")
+    engine = bundle.get("engine") or {}
+    version_output = engine.get("version_output")
+    out.append(_fenced(version_output.strip() if version_output else
+                       f"{engine.get('name') or diagnosis.get('engine') or 'unknown engine'} "
+                       f"{engine.get('version') or '(version not recorded)'}"))
+    out.append("")
+    out.append("### What failed")
+    out.append("")
+    out.append(f"**{issue_title(bundle, diagnosis)}**")
+    out.append("")
+    verdict = failure.get("verdict")
+    out.append(f"- Phase: `{failure.get('phase')}`; backend: `{failure.get('backend')}`; "
+               f"failing device: `{failure.get('failing_device')}`; verdict: `{verdict}`")
+    if failure.get("requested_mib") is not None:
+        out.append(f"- Requested: {_fmt_mib(failure.get('requested_mib'))}; free on that device: "
+                   f"{_fmt_mib(failure.get('free_mib'))}")
+    if memory.get("kv_required_mib") is not None:
+        line = f"- KV cache of this configuration: {_fmt_mib(memory['kv_required_mib'])}"
+        if memory.get("kv_mib_per_1k_tokens") is not None:
+            line += f" ({memory['kv_mib_per_1k_tokens']:.2f} MiB per 1k tokens)"
+        out.append(line)
+    if memory.get("max_ctx_fit"):
+        fits = ", ".join(f"{t}: {n:,}" for t, n in memory["max_ctx_fit"].items() if n is not None)
+        out.append(f"- Largest context whose KV fits the free memory: {fits} tokens")
+    if failure.get("allocator_error"):
+        out.append(f"- Allocator error: `{failure['allocator_error'].strip()}`")
+    if failure.get("final_error") and failure.get("final_error") != failure.get("allocator_error"):
+        out.append(f"- Final error: `{failure['final_error'].strip()}`")
+    for finding in diagnosis.get("findings") or []:
+        out.append(f"- {finding.get('text')}")
+    suggestions = diagnosis.get("suggestions") or []
+    if suggestions:
+        out.append("")
+        out.append("### Suggested fixes (kvreport)")
+        out.append("")
+        for i, s in enumerate(suggestions, 1):
+            head = f"{i}. **{s.get('title') or s.get('id')}** (`{s.get('id')}`)"
+            if s.get("expected"):
+                head += f": {s['expected']}"
+            out.append(head)
+            if s.get("command"):
+                out.append("   " + _fenced(s["command"], "sh").replace("\n", "\n   "))
+    out.append("")
+    out.append("### Command")
+    out.append("")
+    out.append(_fenced(command.get("line") or " ".join(command.get("argv") or []) or "(not recorded)", "sh"))
+    out.append("")
+    out.append("### Environment")
+    out.append("")
+    out.append("| | |")
+    out.append("|---|---|")
+    for key, value in _environment_rows(bundle):
+        out.append(f"| {key} | {_cell(value)} |")
+    devices = _device_rows(bundle)
+    if devices:
+        out.append("")
+        out.append("| device | name | total | free before launch | driver | compute capability |")
+        out.append("|---|---|---|---|---|---|")
+        out.extend(devices)
+    log_text, cut = _log_excerpt(bundle, diagnosis, max_log_lines)
+    if log_text:
+        log = bundle.get("log") or {}
+        out.append("")
+        out.append("### Relevant log output")
+        out.append("")
+        note = f"{log.get('line_count', '?')} lines in all"
+        if log.get("truncated") or cut:
+            note += "; key lines and the tail kept"
+        out.append(f"<details><summary>log ({note})</summary>")
+        out.append("")
+        out.append(_fenced(log_text))
+        out.append("")
+        out.append("</details>")
+    out.append("")
+    sig = diagnosis.get("signature") or {}
+    foot = f"Reported with kvreport (analyzer {diagnosis.get('analyzer_version')}, signature `{sig.get('key')}`)."
+    if url:
+        foot = f"Full report: {url}\n\n" + foot
+    out.append(foot)
+    return "\n".join(out) + "\n"
+
+
+def cli_issue(path: str, url: str | None = None) -> int:
+    """`kvreport issue PATH`: print the issue body of a bundle file (exit 0; bad file: exit 2)."""
+    from kvreport.analyze import analyze
+    from kvreport.config import uploaded_url
+    from kvreport.upload import read_bundle_file
+
+    bundle = read_bundle_file(path)
+    diagnosis = analyze(bundle)
+    click.echo(issue_body(bundle, diagnosis, url=url or uploaded_url(bundle["id"]), max_log_lines=None), nl=False)
+    return 0
