@@ -1,0 +1,328 @@
+"""kvreport.cmdline: shell-line splitting, engine detection, flag grammars, rewriting."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+from conftest import SHARED_CASES
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kvreport.cmdline import llama_alias_table, parse_command, with_changes
+
+# --- real command lines from ../shared/cases ------------------------------------------------------
+
+
+def _case_command(name: str) -> str:
+    path = SHARED_CASES / name / "command.txt"
+    if not path.is_file():
+        pytest.skip(f"shared case {name} not available")
+    return path.read_text()
+
+
+def test_case_cd_timeout_llama_server():
+    cmd = parse_command(_case_command("loc-04-success-np4-kv-unified"))
+    assert cmd["engine"] == "llama.cpp"
+    assert cmd["program"] == "llama-server"
+    assert cmd["flags"]["n_ctx"] == 8192
+    assert cmd["flags"]["n_parallel"] == 4
+    assert cmd["flags"]["kv_unified"] is True
+    assert cmd["flags"]["verbosity"] == 4
+    assert cmd["engine_argv"][0] == "./llama-server"
+
+
+def test_case_bash_c_inside_timeout():
+    cmd = parse_command(_case_command("loc-26-fail-ulimit-compute-after-q8_0-kv-600000"))
+    assert cmd["program"] == "llama-server"
+    f = cmd["flags"]
+    assert (f["n_ctx"], f["cache_type_k"], f["cache_type_v"], f["flash_attn"]) == (65536, "q8_0", "q8_0", "on")
+
+
+def test_case_env_prefixes_sycl():
+    cmd = parse_command(_case_command("pub-020-ipexllm-llamacpp-sycl-3arc-ctx-above-22528"))
+    assert cmd["engine"] == "llama.cpp"
+    assert cmd["env"]["ONEAPI_DEVICE_SELECTOR"] == "level_zero:0,1,2"
+    assert cmd["flags"]["n_gpu_layers"] == 999
+    assert cmd["flags"]["split_mode"] == "layer"
+
+
+def test_case_windows_paths_and_long_flags():
+    cmd = parse_command(_case_command("pub-039-llamacpp-cuda-3gpu-minimax-m3-compute-buffer-51gb"))
+    f = cmd["flags"]
+    assert f["model"] == r"C:\models\IQ4_XS\MiniMax-M3-IQ4_XS-00001-of-00006.gguf"
+    assert f["tensor_split"] == [11.0, 11.0, 10.0]
+    assert f["mmap"] is False and f["fit"] == "off" and f["flash_attn"] == "on"
+    assert f["cache_type_k"] == "q8_0" and f["n_ubatch"] == 2048 and f["n_parallel"] == 1
+
+
+def test_case_multiline_with_make_and_subshell():
+    cmd = parse_command(_case_command("pub-012-llamacpp-rocm-2x7900xtx-weights-on-gpu0-only"))
+    assert cmd["program"] == "llama-cli"
+    assert cmd["flags"]["n_gpu_layers"] == 999
+    assert cmd["flags"]["prompt"] == "What is machine learning?"
+
+
+def test_case_docker_tgi_with_unexpanded_variables():
+    cmd = parse_command(_case_command("pub-030-tgi-command-r-plus-8xa30-warmup-oom"))
+    assert cmd["engine"] == "tgi"
+    assert cmd["flags"]["max_total_tokens"] == 11000
+    assert cmd["flags"]["cuda_memory_fraction"] == 0.99
+
+
+def test_case_flags_only():
+    cmd = parse_command(_case_command("pub-036-llamacpp-cuda-8x3090-dsv4-compute-buffer-cuda2"))
+    assert cmd["engine"] == "llama.cpp" and cmd["program"] is None
+    assert cmd["flags"] == {"n_gpu_layers": 99, "n_ctx": 4096, "flash_attn": "off"}
+    vl = parse_command(_case_command("pub-049-vllmrs-xinfer-kv-plan-2-seqs-x-262144"))
+    assert vl["engine"] == "vllm" and vl["flags"]["max_model_len"] == 262144
+
+
+# --- llama.cpp grammar ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("line, key, value", [
+    ("llama-server -c 4096", "n_ctx", 4096),
+    ("llama-server --ctx-size=4096", "n_ctx", 4096),
+    ("llama-server -np 4", "n_parallel", 4),
+    ("llama-server --parallel=8", "n_parallel", 8),
+    ("llama-server -ngl 99", "n_gpu_layers", 99),
+    ("llama-server --n-gpu-layers all", "n_gpu_layers", "all"),
+    ("llama-server --gpu-layers auto", "n_gpu_layers", "auto"),
+    ("llama-server -ctk q4_0", "cache_type_k", "q4_0"),
+    ("llama-server --cache-type-v=q8_0", "cache_type_v", "q8_0"),
+    ("llama-server -fa", "flash_attn", "on"),
+    ("llama-server -fa -c 5", "flash_attn", "on"),
+    ("llama-server -fa off", "flash_attn", "off"),
+    ("llama-server --flash-attn auto", "flash_attn", "auto"),
+    ("llama-server -kvu", "kv_unified", True),
+    ("llama-server --no-kv-unified", "kv_unified", False),
+    ("llama-server -nkvo", "no_kv_offload", True),
+    ("llama-server --kv-offload", "no_kv_offload", False),
+    ("llama-server --swa-full", "swa_full", True),
+    ("llama-server -fit off", "fit", "off"),
+    ("llama-server -fitt 512,1024", "fit_target", [512, 1024]),
+    ("llama-server -fitc 8192", "fit_ctx", 8192),
+    ("llama-server -b 4096", "n_batch", 4096),
+    ("llama-server -ub 1024", "n_ubatch", 1024),
+    ("llama-server -sm row", "split_mode", "row"),
+    ("llama-server -ts 3/1", "tensor_split", [3.0, 1.0]),
+    ("llama-server -mg 1", "main_gpu", 1),
+    ("llama-server --no-mmap", "mmap", False),
+    ("llama-server -t 8", "threads", 8),
+    ("llama-server -m /m/a.gguf", "model", "/m/a.gguf"),
+    ("llama-server -lv 4", "verbosity", 4),
+    ("llama-server --log-verbosity 1", "verbosity", 1),
+    ("llama-server -v", "verbose", True),
+    ("llama-server -dev CUDA0,CUDA1", "device", "CUDA0,CUDA1"),
+    ("llama-server -ot exps=CPU", "override_tensor", "exps=CPU"),
+    ("llama-server --kv-unified-per-slot 2048", "kv_unified_per_slot", 2048),
+])
+def test_llama_flags(line, key, value):
+    assert parse_command(line)["flags"][key] == value
+
+
+def test_llama_env_vars_and_command_line_precedence():
+    cmd = parse_command("LLAMA_ARG_CTX_SIZE=4096 LLAMA_ARG_N_PARALLEL=2 LLAMA_ARG_FLASH_ATTN=on llama-server -c 8192")
+    assert cmd["flags"]["n_ctx"] == 8192          # the command line wins
+    assert cmd["flags"]["n_parallel"] == 2
+    assert cmd["flags"]["flash_attn"] == "on"
+    assert cmd["env"]["LLAMA_ARG_CTX_SIZE"] == "4096"
+    assert parse_command("LLAMA_ARG_NO_MMAP=1 llama-server")["flags"]["mmap"] is False
+
+
+def test_alias_table_covers_help():
+    table = llama_alias_table()
+    assert set(table["n_ctx"]) == {"-c", "--ctx-size"}
+    assert set(table["n_gpu_layers"]) >= {"-ngl", "--gpu-layers", "--n-gpu-layers"}
+    assert set(table["kv_unified"]) >= {"-kvu", "--kv-unified", "--no-kv-unified"}
+
+
+# --- wrappers ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("line", [
+    "CUDA_VISIBLE_DEVICES=1 ./build/bin/llama-server -c 8192",
+    "cd ~/llama.cpp && ./llama-server -c 8192",
+    "nohup ./llama-server -c 8192 > server.log 2>&1 &",
+    "sudo -E -u llm timeout -s INT 60 nice -n 5 llama-server -c 8192",
+    "env -u FOO CUDA_VISIBLE_DEVICES=1 llama-server -c 8192",
+    "bash -c 'exec llama-server -c 8192'",
+    "sh -c \"cd /x; llama-server -c 8192\"",
+    "./llama-server \\\n  -m a.gguf \\\n  -c 8192",
+    "$ llama-server -c 8192",
+    "user@box:~/llama.cpp$ ./llama-server -c 8192",
+    "```\nllama-server -c 8192\n```",
+    "export CUDA_VISIBLE_DEVICES=0; llama-server -c 8192 2>&1 | tee log.txt",
+    "docker run --gpus all -v /m:/models -p 8080:8080 ghcr.io/ggml-org/llama.cpp:server-cuda -c 8192 -m /models/a.gguf",
+    r".\llama-server.exe -c 8192 -m C:\m\a.gguf",
+    "numactl --interleave=all taskset -c 0-15 ./llama-server -c 8192",
+    "uv run --with x llama-server -c 8192",
+])
+def test_wrappers(line):
+    cmd = parse_command(line)
+    assert cmd["engine"] == "llama.cpp", cmd
+    assert cmd["program"] == "llama-server"
+    assert cmd["flags"]["n_ctx"] == 8192
+    assert cmd["line"] == line
+
+
+def test_export_and_prefix_env():
+    cmd = parse_command("export CUDA_VISIBLE_DEVICES=0,1 && GGML_CUDA_ENABLE_UNIFIED_MEMORY=1 llama-server -c 1")
+    assert cmd["env"] == {"CUDA_VISIBLE_DEVICES": "0,1", "GGML_CUDA_ENABLE_UNIFIED_MEMORY": "1"}
+
+
+def test_argv_input():
+    cmd = parse_command(["timeout", "30", "./llama-server", "-m", "my model.gguf", "-c", "1024"])
+    assert cmd["line"] == "timeout 30 ./llama-server -m 'my model.gguf' -c 1024"
+    assert cmd["flags"]["model"] == "my model.gguf"
+    assert cmd["engine_argv"] == ["./llama-server", "-m", "my model.gguf", "-c", "1024"]
+
+
+# --- other engines -------------------------------------------------------------------------------
+
+
+def test_vllm_serve():
+    cmd = parse_command("CUDA_VISIBLE_DEVICES=0,1 vllm serve meta-llama/Llama-3.1-8B --max-model-len 32k "
+                        "--gpu-memory-utilization 0.95 -tp 2 --enforce-eager --kv-cache-dtype fp8 "
+                        "--max_num_seqs=64 --no-enable-prefix-caching")
+    f = cmd["flags"]
+    assert cmd["engine"] == "vllm" and cmd["program"] == "vllm"
+    assert f["model"] == "meta-llama/Llama-3.1-8B"
+    assert f["max_model_len"] == 32000 and f["gpu_memory_utilization"] == 0.95
+    assert f["tensor_parallel_size"] == 2 and f["enforce_eager"] is True
+    assert f["kv_cache_dtype"] == "fp8" and f["max_num_seqs"] == 64
+    assert f["enable_prefix_caching"] is False
+    assert parse_command("vllm serve m --max-model-len 32K")["flags"]["max_model_len"] == 32768
+
+
+def test_vllm_module_and_docker():
+    cmd = parse_command("python3 -m vllm.entrypoints.openai.api_server --model m --max-model-len 4096 "
+                        "--pipeline-parallel-size 2 --block-size 16 --max-num-batched-tokens 8192")
+    assert cmd["engine"] == "vllm" and cmd["program"] == "vllm.entrypoints.openai.api_server"
+    assert cmd["flags"]["pipeline_parallel_size"] == 2 and cmd["flags"]["block_size"] == 16
+    d = parse_command("docker run --runtime nvidia --gpus all -e VLLM_USE_V1=1 vllm/vllm-openai:v0.8 --model m")
+    assert d["engine"] == "vllm" and d["env"]["VLLM_USE_V1"] == "1" and d["flags"]["model"] == "m"
+
+
+def test_sglang():
+    cmd = parse_command("python -m sglang.launch_server --model-path Qwen/Qwen2-7B --mem-fraction-static 0.8 "
+                        "--context-length 65536 --max-running-requests 32 --tp 2 --kv-cache-dtype fp8_e5m2 "
+                        "--chunked-prefill-size 4096 --disable-radix-cache")
+    f = cmd["flags"]
+    assert cmd["engine"] == "sglang"
+    assert (f["mem_fraction_static"], f["context_length"], f["max_running_requests"], f["tp_size"]) == (
+        0.8, 65536, 32, 2)
+    assert f["kv_cache_dtype"] == "fp8_e5m2" and f["chunked_prefill_size"] == 4096
+    assert f["disable_radix_cache"] is True and f["model_path"] == "Qwen/Qwen2-7B"
+
+
+def test_ollama_env():
+    cmd = parse_command("OLLAMA_CONTEXT_LENGTH=32768 OLLAMA_NUM_PARALLEL=2 OLLAMA_KV_CACHE_TYPE=q8_0 "
+                        "OLLAMA_FLASH_ATTENTION=1 OLLAMA_GPU_OVERHEAD=536870912 ollama serve")
+    f = cmd["flags"]
+    assert cmd["engine"] == "ollama"
+    assert f == {"context_length": 32768, "num_parallel": 2, "kv_cache_type": "q8_0",
+                 "flash_attention": True, "gpu_overhead": 536870912}
+    assert parse_command("ollama run qwen2:72b --verbose")["flags"] == {"model": "qwen2:72b", "verbose": True}
+
+
+@pytest.mark.parametrize("line", ["", "   ", "echo hi", "cd /x && ls", "'", "\"unclosed", "&&&", "\\", "\x00",
+                                  "docker run", "bash -c", "python -m", "sudo", "env", "timeout 5"])
+def test_odd_lines(line):
+    cmd = parse_command(line)
+    assert cmd["line"] == line
+    assert cmd["flags"] == {} or cmd["engine"] is None
+
+
+# --- with_changes --------------------------------------------------------------------------------
+
+
+def test_with_changes_keeps_user_spelling_and_env():
+    cmd = parse_command("cd /opt && CUDA_VISIBLE_DEVICES=0 timeout 120 ./llama-server -m /m/x.gguf -c 131072 "
+                        "-np 4 --flash-attn=on -lv 4")
+    out = with_changes(cmd, {"--ctx-size": 8192, "--parallel": None, "-ctk": "q8_0", "--flash-attn": "off",
+                             "--kv-unified": False})
+    assert out == ("CUDA_VISIBLE_DEVICES=0 ./llama-server -m /m/x.gguf -c 8192 --flash-attn=off -lv 4 "
+                   "-ctk q8_0 --no-kv-unified")
+
+
+def test_with_changes_replaces_every_alias():
+    cmd = parse_command("llama-server -c 1 --ctx-size 2 --ctx-size=3 -ngl 99")
+    assert with_changes(cmd, {"--ctx-size": 4096}) == "llama-server -c 4096 -ngl 99"
+    assert with_changes(cmd, {"-ngl": None, "--swa-full": True}) == "llama-server -c 1 --ctx-size 2 --ctx-size=3 --swa-full"
+
+
+def test_with_changes_quotes():
+    cmd = parse_command(["llama-server", "-m", "/my models/a b.gguf"])
+    out = with_changes(cmd, {"-c": 512})
+    assert shlex.split(out) == ["llama-server", "-m", "/my models/a b.gguf", "-c", "512"]
+
+
+def test_with_changes_vllm_and_ollama_and_docker():
+    v = parse_command("vllm serve m --gpu_memory_utilization=0.8 --max-model-len 65536")
+    assert with_changes(v, {"--gpu-memory-utilization": 0.95, "--max-model-len": 16384, "--enforce-eager": True}) == (
+        "vllm serve m --gpu_memory_utilization=0.95 --max-model-len 16384 --enforce-eager")
+    o = parse_command("OLLAMA_NUM_PARALLEL=4 ollama serve")
+    assert with_changes(o, {"OLLAMA_CONTEXT_LENGTH": 8192, "OLLAMA_NUM_PARALLEL": None}) == (
+        "OLLAMA_CONTEXT_LENGTH=8192 ollama serve")
+    d = parse_command("docker run --gpus all -e OLLAMA_CONTEXT_LENGTH=65536 ollama/ollama")
+    out = with_changes(d, {"OLLAMA_CONTEXT_LENGTH": 8192})
+    assert "OLLAMA_CONTEXT_LENGTH=8192" in out and "65536" not in out and out.startswith("docker run")
+
+
+# --- properties ----------------------------------------------------------------------------------
+
+_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=200)
+_shellish = st.lists(st.sampled_from(
+    ["llama-server", "-c", "4096", "&&", "|", ";", "'", '"', "\\\n", "bash", "-c", "docker", "run", "-e", "X=1",
+     "--flash-attn", "on", "-fa", "=", "$(", ")", "vllm", "serve", "--max-model-len", "1k", "ollama", "sudo",
+     "timeout", "10", "env", "python", "-m", "sglang.launch_server", "C:\\x", "~", "#", "\n", "2>&1", ">"]),
+    max_size=30).map(" ".join)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.one_of(_text, _shellish))
+def test_parse_never_raises(line):
+    cmd = parse_command(line)
+    assert set(cmd) == {"line", "argv", "engine_argv", "program", "engine", "flags", "env"}
+    assert cmd["line"] == line
+    with_changes(cmd, {"--ctx-size": 1024})
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_text, max_size=10))
+def test_parse_argv_never_raises(argv):
+    parse_command(argv)
+
+
+_values = {
+    "--ctx-size": ("n_ctx", st.integers(min_value=0, max_value=2**24)),
+    "--parallel": ("n_parallel", st.integers(min_value=1, max_value=512)),
+    "-ngl": ("n_gpu_layers", st.one_of(st.integers(min_value=0, max_value=999), st.sampled_from(["auto", "all"]))),
+    "--cache-type-k": ("cache_type_k", st.sampled_from(["f16", "q8_0", "q4_0", "bf16"])),
+    "--flash-attn": ("flash_attn", st.sampled_from(["on", "off", "auto"])),
+    "--tensor-split": ("tensor_split", st.lists(st.sampled_from([1.0, 2.0, 0.5, 3.0]), min_size=1, max_size=4)),
+}
+_base_lines = st.sampled_from([
+    "llama-server -m /m/a.gguf",
+    "CUDA_VISIBLE_DEVICES=0 ./llama-server -m '/m/a b.gguf' -c 4096 -np 2",
+    "cd /x && timeout 60 llama-cli -m a.gguf --ctx-size=8192 -fa -ngl 99 -ctk q8_0",
+    "bash -c 'ulimit -v 1000; exec ./llama-server -c 65536 --flash-attn on -ts 1,1'",
+    "llama-server -fa -np 4 -kvu",
+])
+
+
+@settings(max_examples=200, deadline=None)
+@given(_base_lines, st.sampled_from(sorted(_values)), st.data())
+def test_with_changes_round_trip(line, flag, data):
+    canon, strategy = _values[flag]
+    value = data.draw(strategy)
+    before = parse_command(line)
+    out = with_changes(before, {flag: value})
+    after = parse_command(out)
+    assert after["flags"][canon] == value
+    for k, v in before["flags"].items():  # nothing else changed
+        if k != canon:
+            assert after["flags"][k] == v
+    removed = parse_command(with_changes(before, {flag: None}))
+    assert canon not in removed["flags"]
