@@ -1,0 +1,108 @@
+"""Line framing shared by every engine parser: ANSI colours, NUL bytes, CR, pasted GitHub text, JSON lines.
+
+Nothing here anchors at the start of a line: timestamps (``0.00.038.391 E``), level letters,
+``srv    load_model:`` prefixes, docker-compose ``name  |`` columns and ``> `` quotes may all
+precede the message, so every parser searches inside the cleaned line (kv-facts.md §1.1).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+_FENCE = re.compile(r"^\s*(?:>\s*)*(?:```|~~~)[\w+-]*\s*$")
+_QUOTE = re.compile(r"^(?:\s{0,3}>[ \t]?)+")
+
+MIB = 1024.0 * 1024.0
+"""Bytes in one MiB (2**20); every llama.cpp "MiB" and ggml "MB" is this (kv-facts.md §0)."""
+GIB = 1024.0 * MIB
+
+
+def clean_line(raw) -> str:
+    """One raw log line (str or bytes) -> the text a parser searches: no ANSI codes, NUL, CR or
+    trailing newline, no leading ``> `` quote marks, the ``msg`` of a ``--log-jsonl`` record.
+
+    Never raises; a code-fence line becomes ``""``.
+    """
+    if isinstance(raw, (bytes, bytearray)):
+        raw = bytes(raw).decode("utf-8", "replace")
+    elif not isinstance(raw, str):
+        raw = str(raw)
+    line = raw.replace("\x00", "").rstrip("\r\n")
+    if "\r" in line:
+        # progress bars rewrite the line with CR: keep the last non-empty segment
+        parts = [p for p in line.split("\r") if p.strip()]
+        line = parts[-1] if parts else ""
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    if line[:1] in (">", " ") and ">" in line[:8]:
+        line = _QUOTE.sub("", line)
+    if "```" in line or "~~~" in line:
+        if _FENCE.match(line):
+            return ""
+    if line.startswith('{"') and '"msg"' in line:
+        line = _jsonl_msg(line)
+    return line.strip()
+
+
+def _jsonl_msg(line: str) -> str:
+    """The message of a llama.cpp ``--log-jsonl`` record (``{"type":"log",...,"msg":"..."}``)."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return line
+    if isinstance(obj, dict) and isinstance(obj.get("msg"), str):
+        level = str(obj.get("level", ""))[:1].upper()
+        msg = obj["msg"].rstrip("\n")
+        return f"{level} {msg}" if level else msg
+    return line
+
+
+def clean_pasted(text: str) -> str:
+    """Text pasted from a GitHub issue or a terminal -> plain log text.
+
+    Removes code fences (```` ``` ````, ``~~~``), ``> `` quote marks, ANSI colour codes and NUL
+    bytes, turns CRLF into LF. Line order is kept; never raises.
+    """
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8", "replace")
+    out = []
+    for raw in str(text).replace("\r\n", "\n").split("\n"):
+        line = clean_line(raw)
+        if line or raw.strip() == "":
+            out.append(line)
+    return "\n".join(out)
+
+
+def to_float(text) -> float | None:
+    """``"1,234.5"`` -> 1234.5; None when it is not a number."""
+    try:
+        return float(str(text).replace(",", ""))
+    except (TypeError, ValueError):
+        return None
+
+
+def to_int(text) -> int | None:
+    """``"131,072"`` -> 131072; None when it is not an integer."""
+    try:
+        return int(str(text).replace(",", "").strip())
+    except (TypeError, ValueError):
+        return None
+
+
+def size_to_mib(value: float, unit: str) -> float:
+    """A size with its unit (``B``, ``KiB``, ``MiB``, ``GiB``, ``TiB``; ``MB``/``GB`` as printed
+    by engines that mean MiB/GiB) -> MiB (2**20 bytes)."""
+    u = unit.strip().lower()
+    if u in ("b", "bytes", ""):
+        return value / MIB
+    if u.startswith("k"):
+        return value / 1024.0
+    if u.startswith("m"):
+        return value
+    if u.startswith("g"):
+        return value * 1024.0
+    if u.startswith("t"):
+        return value * 1024.0 * 1024.0
+    return value

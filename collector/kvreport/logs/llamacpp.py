@@ -1,0 +1,497 @@
+"""llama.cpp log lines of every era (kv-facts.md §1), also as copied by Ollama, koboldcpp,
+llama-cpp-python and ik_llama.cpp.
+
+Every pattern searches inside the line (no ``^``): timestamps, level letters and tool prefixes
+(``srv    load_model:``, ``cmn  common_init_:``) may come first. Function-name prefixes are
+matched loosely because they changed with refactors (kv-facts.md §1.14).
+"""
+
+from __future__ import annotations
+
+import re
+
+from kvreport.logs.common import MIB, to_float, to_int
+from kvreport.logs.facts import LogFacts
+
+# substrings that make a line worth a look (the prefilter in kvreport.logs uses them too)
+KEYWORDS = (
+    "print_info", "llm_load_print_meta", "- kv ", "llama_context", "llama_new_context", "llama_init_from_model",
+    "kv_cache", "KV self size", "buffer size", "fail", "error", "Error", "alloc", "MiB free", "MB)",
+    "ggml_cuda_init", "Device ", "found ", "build", "version", "fitting params", "projected to use",
+    "context size", "overflowing", "no changes needed", "n_slots", "n_ctx", "n_parallel", "flash_attn",
+    "Flash Attention", "SWA", "retrying", "listening", "llama_memory_recurrent", "rs_seq", "ROCm", "Vulkan",
+    "MTL", "Metal", "load_tensors", "offload", "memory breakdown", "GGML_ASSERT", "exiting", "unable to",
+    "abort", "llama_model_loader", "device_info", "using device", "Available devices", "insufficient",
+    "can't allocate", "DXGI", "worst-case", "pipeline parallelism", "kv_unified", "gpttype", "Load Text Model",
+)
+
+_PRINT_INFO = re.compile(r"(?:print_info|llm_load_print_meta):\s+(.+?)\s*=\s?(.*?)\s*$")
+_OLD_HPARAM_KEYS = {"model ftype": "file type", "model size": "file size", "format": "file format",
+                    "n_ctx_orig_yarn": "n_ctx_orig_yarn", "n_swa_pattern": "n_swa_pattern"}
+_GGUF_KV = re.compile(r"llama_model_loader: - kv\s+\d+:\s+(\S+)\s+(\S+)\s+=\s(.*?)\s*$")
+_CTX = re.compile(
+    r"(?:llama_context|llama_new_context_with_model|llama_init_from_model|llama_context_\w*):\s+"
+    r"(n_ctx_per_seq|n_ctx_pre_seq|n_ctx_seq|n_ctx|n_seq_max|n_batch|n_ubatch|flash_attn|kv_unified|causal_attn|"
+    r"type_k|type_v|n_rs_seq|n_outputs_max)\s*=\s*'?([\w.]+)'?")
+_CTX_WARN = re.compile(r"n_ctx_(?:per_seq|seq|pre_seq)\s*\((\d+)\)\s*([<>])\s*n_ctx_train\s*\((\d+)\)")
+_ROUNDING = re.compile(r"n_ctx is not divisible by n_seq_max - rounding down to (\d+)")
+_OLD_KV_INIT = re.compile(
+    r"kv_size\s*=\s*(\d+),(?:\s*offload\s*=\s*\d+,)?\s*type_k\s*=\s*'([\w.]+)',\s*type_v\s*=\s*'([\w.]+)',\s*n_layer\s*=\s*(\d+)")
+_KV_SIZE = re.compile(
+    r"(llama_kv_cache\w*|kv_cache\w*):\s+size\s*=\s*([\d.]+)\s*MiB\s*\(\s*(\d+)\s+cells,\s*(\d+)\s+layers"
+    r"(?:,\s*(\d+)(?:/\s*(\d+))?\s+seqs)?\),\s*K\s*\(([\w.]+)\):\s*([\d.]+)\s*MiB,\s*V\s*\(([\w.]+)\):\s*([\d.]+)\s*MiB")
+_KV_SELF = re.compile(r"KV self size\s*=\s*([\d.]+)\s*MiB(?:,\s*\S+\s*\(([\w.]+)\):\s*([\d.]+)\s*MiB,\s*\S+\s*\(([\w.]+)\):\s*([\d.]+)\s*MiB)?")
+_RS_SIZE = re.compile(r"llama_(?:memory|kv_cache)_recurrent\w*:\s+size\s*=\s*([\d.]+)\s*MiB\s*\(\s*(\d+)\s+cells,\s*(\d+)\s+layers,\s*(\d+)\s+seqs")
+_ISWA = re.compile(r"creating\s+(non-SWA|SWA|main|indexer)\s+KV cache,\s*size\s*=\s*(\d+)\s+cells")
+_BUF = re.compile(r"(\w+):\s+(\S+)\s+(model|KV|RS|compute|output)\s+buffer size\s*=\s*([\d.]+)\s*MiB")
+_OLD_BUF = re.compile(r"llm_load_tensors:\s+(\S+)\s+buffer size\s*=\s*([\d.]+)\s*MiB")
+_USING_DEV = re.compile(r"using device (\S+) \((.*?)\)(?: \((.*?)\))? - (\d+) MiB free")
+_LIST_DEV = re.compile(r"(?:^|\s|-\s)([A-Za-z_]+\d*)\s*:\s+([^:]+?)\s+\((\d+)\s+MiB,\s+(\d+)\s+MiB\s+free\)")
+_CUDA_INIT = re.compile(r"ggml_cuda_init: found (\d+) (CUDA|ROCm|MUSA) devices")
+_CUDA_DEV = re.compile(r"Device (\d+): ([^,]+),.*?(?:VRAM: (\d+) MiB)?\s*$")
+_VK_DEV = re.compile(r"ggml_vulkan: (\d+) = (.+?) \(")
+_BUILD = (
+    re.compile(r"build(?:_info)?:\s*(?:b)?(\d+)[ -]\(?([0-9a-f]{6,40}|unknown)\)?"),
+    re.compile(r"version:\s*(\d+)\s*\(([0-9a-f]{6,40}|unknown)\)"),
+    re.compile(r"version:\s*([\w.\-]+)\s*\(build (\d+), commit (\w+)\)"),
+    re.compile(r"build\s*=\s*(\d+)\s*\(([0-9a-f]{6,40}|unknown)\)"),
+    re.compile(r"\bbuild (\d+) \(([0-9a-f]{6,40}|unknown)\)"),
+)
+_FIT_PROJ = re.compile(r"projected to use (\d+) MiB of (device|host) memory vs\. (\d+) MiB of (?:free device|total host|free) memory")
+_FIT_CTX = re.compile(r"context size reduced from (\d+) to (\d+)")
+_FIT_LAYERS = re.compile(r"-\s+(\S+?):\s+(\d+) layers\s+\(\s*(\d+) overflowing\)")
+_FIT_DEV = re.compile(r"-\s+(\S+?):\s+(\d+) total,\s+(\d+) used,\s+(-?\d+) free vs\. target of\s+(\d+)")
+_FIT_WORDS = ("projected", "reduced from", "overflowing", "free vs.", "no changes", "set by user", "requested full")
+_SLOTS = re.compile(r"n_slots\s*=\s*(\d+)(?:,\s*n_ctx_slot\s*=\s*(\d+))?(?:,\s*kv_unified\s*=\s*'?(\w+)'?)?")
+_AUTO_PAR = re.compile(r"using n_parallel = (\d+) and kv_unified = (\w+)")
+_OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+_BREAKDOWN = re.compile(r"\|\s+-\s+(\S+)\s+\(.*?\)\s+\|\s+(\d+)\s+=\s+(\d+)\s+\+")
+_PROGRAM = re.compile(r"\b(llama-server|llama-cli|llama-completion|llama-bench|llama-fit-params|koboldcpp|llama-cpp-python)\b")
+
+# failure chain
+_CUDA_OOM = re.compile(r"allocating ([\d.]+) MiB on device (\d+): (cuda|hip|musa)Malloc failed:?\s*(.*)", re.I)
+_PINNED = re.compile(r"ggml_cuda_host_malloc: failed to allocate ([\d.]+) MiB of pinned memory(?::\s*(.*))?")
+_VK_ALLOC = re.compile(r"Device memory allocation of size (\d+) failed")
+_VK_ERR = re.compile(r"ggml_vulkan:\s*(.*(?:Error\w+|exceeds|No suitable memory).*)")
+_VK_PINNED = re.compile(r"ggml_vulkan: Failed to allocate pinned memory")
+_METAL = re.compile(r"(?:metal)\w*: error: failed to allocate buffer, size =\s*([\d.]+) MiB", re.I)
+_SYCL = re.compile(r"can't allocate (\d+) Bytes of memory on (device|host)")
+_CPU_OOM = re.compile(r"ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size (\d+)")
+_ALIGNED = re.compile(r"ggml_aligned_malloc: insufficient memory \(attempted to allocate\s*([\d.]+) MB\)")
+_OPENVINO = re.compile(r"openvino\w*: failed to allocate (?:buffer of size |)(\d+)", re.I)
+_CANN = re.compile(r"cann\w*: .*?(?:alloc|malloc)\w* failed.*?(\d+)", re.I)
+_GGML = re.compile(r"(?:(\w+):\s+)?failed to allocate (\S+) buffer of size (\d+)")
+_NOT_ENOUGH = re.compile(r"not enough space in the buffer to allocate (\d+) bytes")
+_REASONS = (
+    (re.compile(r"failed to allocate buffer for (?:the )?kv cache|llama_kv_cache_init\(\) failed|failed to initialize self-attention cache"), "kv_cache"),
+    (re.compile(r"failed to allocate buffer for (?:the )?rs cache|failed to initialize (?:the )?recurrent"), "kv_cache"),
+    (re.compile(r"failed to allocate compute (?:pp |tg )?buffers|failed to reserve compute|failed to allocate the compute buffer"), "compute_buffer"),
+    (re.compile(r"unable to allocate (?:\S+ )?buffer|unable to allocate backend buffer|mmap failed: Cannot allocate memory|error loading model: .*(?:out of memory|Cannot allocate memory)"), "model_weights"),
+    (re.compile(r"memory layout cannot be allocated"), "context"),
+)
+_CTX_FAIL = re.compile(r"failed to initialize the context: (.*)")
+_CONFIG = re.compile(
+    r"n_seq_max must be|requires flash_attn|requires Flash Attention|does not support different K|does not divide n_embd_head|"
+    r"unknown model architecture|error loading model|GGML_ASSERT|invalid magic|not within the file bounds|"
+    r"failed to read|tensor '.*' has|error: invalid argument|unknown argument|file not found|No such file|"
+    r"SPLIT_MODE_TENSOR requires|is not a GGUF file|failed to open")
+_FINAL = re.compile(
+    r"failed to create context|failed to create_context|exiting due to model loading error|unable to create context|"
+    r"unable to load model|failed to load model|server exited before becoming ready|llama_server exited with code|"
+    r"Load Text Model OK: False|error: failed to create context")
+_SUCCESS = re.compile(
+    r"listening on http|server is listening|model loaded|initializing slots|load_model: initializing, n_slots|"
+    r"all slots are idle|main: server is listening|starting the main loop|llama runner started|"
+    r"llama-server started in")
+_RETRY = re.compile(r"retrying without pipeline parallelism")
+
+
+def cuda_device_name(f: LogFacts, index: int) -> str:
+    """``device N`` of the CUDA code -> its ggml name (``CUDA0``, ``ROCm0`` on HIP builds, ``MUSA0``)."""
+    return f"{f.cuda_name or 'CUDA'}{index}"
+
+
+def feed(f: LogFacts, line: str, lineno: int) -> None:
+    """Read one cleaned line into ``f`` (llama.cpp and programs built on it). Never raises on text."""
+    if "llama_" in line or "ggml_" in line:
+        f.engine_hints["llama.cpp"] += 1
+    # ---- model hyperparameters
+    if "print_info" in line or "llm_load_print_meta" in line:
+        m = _PRINT_INFO.search(line)
+        if m:
+            key = m.group(1).strip()
+            key = _OLD_HPARAM_KEYS.get(key, key)
+            if key not in f.hparams or not f.in_fit:
+                f.hparams[key] = m.group(2).strip()
+            f.engine_hints["llama.cpp"] += 1
+        return
+    if "- kv " in line and "llama_model_loader" in line:
+        m = _GGUF_KV.search(line)
+        if m:
+            f.gguf_kv[m.group(1)] = m.group(3)
+        return
+    if "load_tensors" in line or "llm_load_tensors" in line:
+        f.stage = "weights"
+        f.engine_hints["llama.cpp"] += 1
+    elif "llama_model_loader" in line:
+        f.stage = "weights"
+    elif any(k in line for k in ("llama_context", "llama_new_context", "llama_init_from_model", "kv_cache", "sched_reserve", "graph_reserve")):
+        f.stage = "context"
+
+    # ---- auto-fit (kv-facts.md §3)
+    if "fitting params" in line or "fit params" in line or "fit_params" in line:
+        _feed_fit(f, line)
+    if (f.fit is not None or "projected to use" in line) and any(k in line for k in _FIT_WORDS):
+        if _feed_fit_detail(f, line):
+            return
+
+    # ---- failure chain first (an error line may also contain other keywords)
+    if _feed_failure(f, line, lineno):
+        return
+
+    # ---- context parameters
+    if "n_ctx" in line or "n_seq_max" in line or "n_batch" in line or "n_ubatch" in line or "flash_attn" in line \
+            or "kv_unified" in line or "type_k" in line:
+        target = f.dry_ctx if f.in_fit else f.ctx
+        for m in _CTX.finditer(line):
+            key = m.group(1)
+            if key in ("n_ctx_per_seq", "n_ctx_pre_seq"):
+                key = "n_ctx_seq"
+            target[key] = m.group(2)
+        m = _CTX_WARN.search(line)
+        if m:
+            target.setdefault("n_ctx_seq", m.group(1))
+            if m.group(2) == ">":
+                f.warnings.append(line[:500])
+        m = _ROUNDING.search(line)
+        if m:
+            target["n_ctx"] = m.group(1)
+            f.warnings.append(line[:500])
+        m = _OLD_KV_INIT.search(line)
+        if m:
+            target["kv_size"] = m.group(1)
+            target["type_k"], target["type_v"] = m.group(2), m.group(3)
+        if "n_slots" in line:
+            m = _SLOTS.search(line)
+            if m:
+                target["n_slots"] = m.group(1)
+                if m.group(2):
+                    target["n_ctx_slot"] = m.group(2)
+                if m.group(3):
+                    target.setdefault("kv_unified", m.group(3))
+        m = _AUTO_PAR.search(line)
+        if m:
+            f.ctx["n_parallel_auto"] = m.group(1)
+            f.ctx.setdefault("kv_unified", m.group(2))
+        if "enabling flash_attn" in line:
+            target["flash_attn"] = "enabled"
+    if "Flash Attention" in line:
+        if "set to enabled" in line or "Flash Attention enabled" in line:
+            f.ctx["flash_attn_resolved"] = "enabled"
+        elif "set to disabled" in line or "not supported" in line:
+            f.ctx["flash_attn_resolved"] = "disabled"
+    if "using full-size SWA cache" in line:
+        f.ctx["swa_full"] = "true"
+
+    # ---- KV / RS sizes
+    if "cells" in line:
+        m = _ISWA.search(line)
+        if m:
+            f.kv_section = m.group(1)
+            return
+        m = _KV_SIZE.search(line)
+        if m:
+            f.kv_caches.append({
+                "mib": float(m.group(2)), "cells": int(m.group(3)), "layers": int(m.group(4)),
+                "n_seq": to_int(m.group(5)), "n_stream": to_int(m.group(6)) or 1,
+                "type_k": m.group(7), "k_mib": float(m.group(8)), "type_v": m.group(9), "v_mib": float(m.group(10)),
+                "section": f.kv_section, "dry_run": f.in_fit, "lineno": lineno})
+            f.engine_hints["llama.cpp"] += 1
+            f.kv_section = ""
+            if not f.in_fit:
+                f.add_event("alloc_ok", lineno, line, what="kv")
+            return
+        m = _RS_SIZE.search(line)
+        if m:
+            f.rs_caches.append({"mib": float(m.group(1)), "cells": int(m.group(2)), "layers": int(m.group(3)),
+                                "n_seq": int(m.group(4)), "dry_run": f.in_fit, "lineno": lineno})
+            return
+    if "KV self size" in line:
+        m = _KV_SELF.search(line)
+        if m:
+            f.kv_caches.append({
+                "mib": float(m.group(1)), "cells": to_int(f.ctx.get("kv_size")), "layers": None,
+                "n_seq": None, "n_stream": 1, "type_k": m.group(2) or f.ctx.get("type_k"),
+                "k_mib": to_float(m.group(3)), "type_v": m.group(4) or f.ctx.get("type_v"), "v_mib": to_float(m.group(5)),
+                "section": "", "dry_run": f.in_fit, "lineno": lineno, "old": True})
+            f.add_event("alloc_ok", lineno, line, what="kv")
+            return
+    if "buffer size" in line:
+        m = _BUF.search(line)
+        if m:
+            dev, kind, mib = m.group(2), m.group(3), float(m.group(4))
+            _note_device_name(f, dev)
+            f.buffers.append({"fn": m.group(1), "device": dev, "kind": kind, "mib": mib, "dry_run": f.in_fit})
+            if kind == "KV":
+                f.kv_buffers.append({"device": dev, "mib": mib, "dry_run": f.in_fit, "section": f.kv_section})
+            if not f.in_fit:
+                f.add_event("alloc_ok", lineno, line, what=kind)
+            return
+        m = _OLD_BUF.search(line)
+        if m:
+            _note_device_name(f, m.group(1))
+            f.buffers.append({"fn": "llm_load_tensors", "device": m.group(1), "kind": "model",
+                              "mib": float(m.group(2)), "dry_run": f.in_fit})
+            return
+
+    # ---- devices
+    if "MiB free" in line:
+        m = _USING_DEV.search(line)
+        if m:
+            f.set_device(m.group(1), "using_device", description=m.group(2), free_mib=float(m.group(4)))
+            _note_device_name(f, m.group(1))
+            return
+        m = _LIST_DEV.search(line)
+        if m:
+            name = m.group(1)
+            f.set_device(name, "list_devices", description=m.group(2), total_mib=float(m.group(3)),
+                         free_mib=float(m.group(4)))
+            _note_device_name(f, name)
+            return
+    if "ggml_cuda_init" in line:
+        m = _CUDA_INIT.search(line)
+        if m:
+            f.cuda_name = m.group(2)
+            f.engine_hints["llama.cpp"] += 1
+        return
+    if "Device " in line and ("compute capability" in line or "VMM" in line or "Wave Size" in line):
+        m = _CUDA_DEV.search(line)
+        if m:
+            name = cuda_device_name(f, int(m.group(1)))
+            f.set_device(name, "ggml_cuda_init", description=m.group(2).strip(), total_mib=to_float(m.group(3)))
+        return
+    if "DXGI" in line and "free:" in line:
+        m = re.search(r"free:\s*(\d+)\s+total:\s*(\d+)", line)
+        if m:
+            f.ctx["vk_free_mib"] = int(m.group(1)) / MIB
+            f.ctx["vk_total_mib"] = int(m.group(2)) / MIB
+        return
+    if "memory breakdown" in line or "| - " in line or "|   - " in line:
+        m = _BREAKDOWN.search(line)
+        if m and not m.group(1).startswith("Host"):
+            f.set_device(m.group(1), "memory_breakdown", total_mib=float(m.group(2)))
+        return
+    if "offloaded" in line:
+        m = _OFFLOADED.search(line)
+        if m:
+            f.ctx["offloaded_layers"] = f"{m.group(1)}/{m.group(2)}"
+        return
+
+    # ---- version / program
+    if "build" in line or "version" in line:
+        _feed_build(f, line)
+    if f.program is None and ("llama-" in line or "koboldcpp" in line or "llama_cpp" in line):
+        m = _PROGRAM.search(line)
+        if m:
+            f.program = m.group(1)
+    if "gpttype_load_model" in line or "koboldcpp" in line.lower():
+        f.program = f.program or "koboldcpp"
+        f.engine_hints["llama.cpp"] += 1
+
+
+def _note_device_name(f: LogFacts, dev: str) -> None:
+    if dev.startswith("ROCm"):
+        f.cuda_name = "ROCm"
+    elif dev.startswith("MUSA"):
+        f.cuda_name = "MUSA"
+
+
+def _feed_build(f: LogFacts, line: str) -> None:
+    if f.build is not None and f.commit:
+        return
+    for i, rx in enumerate(_BUILD):
+        m = rx.search(line)
+        if not m:
+            continue
+        if i == 2:
+            f.version = m.group(1)
+            f.build, f.commit = to_int(m.group(2)), m.group(3)
+        else:
+            f.build, f.commit = to_int(m.group(1)), m.group(2)
+        if f.commit == "unknown":
+            f.commit = None
+        if f.version is None and f.build is not None:
+            f.version = f"b{f.build}"
+        f.engine_hints["llama.cpp"] += 1
+        return
+
+
+def _feed_fit(f: LogFacts, line: str) -> None:
+    if "fitting params to device memory" in line or ("fitting params" in line and "took" not in line and f.fit is None):
+        f.fit = f.fit or {"ran": True, "status": "started", "changed": {}, "projected_mib": None, "free_mib": None,
+                          "lines": []}
+        f.in_fit = True
+    elif "fitting params to free memory took" in line:
+        f.in_fit = False
+    if f.fit is None:
+        return
+    if "successfully fit params" in line:
+        f.fit["status"] = "fitted"
+    elif "failed to fit params" in line:
+        f.fit["status"] = "failed: " + line.split("failed to fit params to free device memory:")[-1].strip()[:200]
+    elif "encountered an error while trying to fit" in line:
+        f.fit["status"] = "error"
+        f.in_fit = False
+
+
+def _feed_fit_detail(f: LogFacts, line: str) -> bool:
+    if f.fit is None:
+        f.fit = {"ran": True, "status": "started", "changed": {}, "projected_mib": None, "free_mib": None, "lines": []}
+    fit = f.fit
+    hit = False
+    m = _FIT_PROJ.search(line)
+    if m:
+        fit["projected_mib"] = float(m.group(1))
+        fit["free_mib"] = float(m.group(3))
+        fit["memory"] = m.group(2)
+        hit = True
+    m = _FIT_CTX.search(line)
+    if m:
+        fit["changed"]["n_ctx"] = [int(m.group(1)), int(m.group(2))]
+        hit = True
+    m = _FIT_LAYERS.search(line)
+    if m:
+        fit.setdefault("layers", {})[m.group(1)] = {"layers": int(m.group(2)), "overflowing": int(m.group(3))}
+        hit = True
+    m = _FIT_DEV.search(line)
+    if m:
+        fit.setdefault("devices", {})[m.group(1)] = {"total_mib": float(m.group(2)), "used_mib": float(m.group(3)),
+                                                     "free_mib": float(m.group(4)), "target_mib": float(m.group(5))}
+        f.set_device(m.group(1), "fit", total_mib=float(m.group(2)))
+        hit = True
+    if "no changes needed" in line:
+        if fit["status"] == "started":
+            fit["status"] = "no_change"
+        hit = True
+    elif "set by user to" in line or "requested full context size" in line:
+        fit["ctx_fixed_by_user"] = True
+        hit = True
+    if hit and len(fit["lines"]) < 20:
+        fit["lines"].append(line[:300])
+    return hit
+
+
+def _feed_failure(f: LogFacts, line: str, lineno: int) -> bool:
+    """Failure-chain lines (kv-facts.md §1.10–1.11). True when the line was one."""
+    if not ("ail" in line or "rror" in line or "alloc" in line or "exit" in line or "unable" in line
+            or "insufficient" in line or "listening" in line or "initializing" in line or "idle" in line
+            or "started" in line or "GGML_ASSERT" in line or "not enough" in line or "loaded" in line
+            or "OK: False" in line or "main loop" in line or "Cannot" in line or "support" in line
+            or "requires" in line or "must be" in line):
+        return False
+    if "trying to fit" in line:
+        return True
+    m = _CUDA_OOM.search(line)
+    if m:
+        idx = int(m.group(2))
+        if m.group(3).lower() == "hip":
+            f.cuda_name = "ROCm"
+        backend = {"ROCm": "rocm", "MUSA": "unknown"}.get(f.cuda_name or "CUDA", "cuda")
+        f.add_event("backend", lineno, line, backend=backend, device=cuda_device_name(f, idx),
+                    mib=float(m.group(1)), error=m.group(4).strip())
+        f.engine_hints["llama.cpp"] += 1
+        return True
+    if "pinned memory" in line:
+        m = _PINNED.search(line)
+        if m:
+            f.add_event("pinned", lineno, line, backend="cuda", device=f"{f.cuda_name or 'CUDA'}_Host",
+                        mib=float(m.group(1)), error=(m.group(2) or "").strip())
+            return True
+        if _VK_PINNED.search(line):
+            f.add_event("pinned", lineno, line, backend="vulkan", device="Vulkan_Host", mib=None, error=line)
+            return True
+    m = _VK_ALLOC.search(line)
+    if m:
+        f.add_event("backend", lineno, line, backend="vulkan", device=None, bytes=int(m.group(1)),
+                    mib=int(m.group(1)) / MIB, error="")
+        f.engine_hints["llama.cpp"] += 1
+        return True
+    if "ggml_vulkan" in line:
+        m = _VK_ERR.search(line)
+        if m:
+            limit = "exceeds" in line and "limit" in line
+            f.add_event("backend", lineno, line, backend="vulkan", device=None, mib=None, error=m.group(1).strip(),
+                        limit=limit, detail=True)
+            return True
+    m = _CPU_OOM.search(line)
+    if m:
+        f.add_event("backend", lineno, line, backend="cpu", device="CPU", bytes=int(m.group(1)),
+                    mib=int(m.group(1)) / MIB, error="")
+        return True
+    m = _ALIGNED.search(line)
+    if m:
+        f.add_event("backend", lineno, line, backend="cpu", device="CPU", mib=float(m.group(1)), error="", detail=True)
+        return True
+    m = _METAL.search(line)
+    if m:
+        f.add_event("backend", lineno, line, backend="metal", device=None, mib=float(m.group(1)), error="")
+        return True
+    m = _SYCL.search(line)
+    if m:
+        f.add_event("backend", lineno, line, backend="sycl", device=None, bytes=int(m.group(1)),
+                    mib=int(m.group(1)) / MIB, error="", host=m.group(2) == "host")
+        return True
+    if "openvino" in line.lower():
+        m = _OPENVINO.search(line)
+        if m:
+            f.add_event("backend", lineno, line, backend="openvino", device=None, bytes=int(m.group(1)),
+                        mib=int(m.group(1)) / MIB, error="")
+            return True
+    if "buffer of size" in line:
+        m = _GGML.search(line)
+        if m:
+            fn = m.group(1) or ""
+            dev = m.group(2)
+            _note_device_name(f, dev)
+            kind = "compute" if "gallocr" in fn or "gallocr" in line else "tensor"
+            f.add_event("ggml", lineno, line, device=dev, bytes=int(m.group(3)), mib=int(m.group(3)) / MIB,
+                        fn=fn, buffer=kind)
+            f.engine_hints["llama.cpp"] += 1
+            return True
+    m = _NOT_ENOUGH.search(line)
+    if m:
+        f.add_event("ggml", lineno, line, device=None, bytes=int(m.group(1)), mib=int(m.group(1)) / MIB,
+                    fn="ggml_tallocr", buffer="tensor")
+        return True
+    if _RETRY.search(line):
+        f.add_event("retry", lineno, line)
+        f.warnings.append(line[:500])
+        return True
+    for rx, phase in _REASONS:
+        if rx.search(line):
+            f.add_event("reason", lineno, line, phase=phase, kv_update="kv_cache_update" in line)
+            f.add_error(line)
+            f.final_error = line
+            return True
+    m = _CTX_FAIL.search(line)
+    if m:
+        f.add_event("config", lineno, line, what=m.group(1).strip())
+        f.add_error(line)
+        f.final_error = line
+        return True
+    if _CONFIG.search(line):
+        if " W " in line[:20] or "warning" in line.lower()[:40]:
+            return False
+        f.add_event("config", lineno, line, what=line.strip()[-200:])
+        f.add_error(line)
+        f.final_error = line
+        return True
+    if _FINAL.search(line):
+        f.add_event("final", lineno, line)
+        f.add_error(line)
+        f.final_error = line
+        return True
+    if _SUCCESS.search(line):
+        f.add_event("success", lineno, line)
+        return True
+    return False

@@ -1,0 +1,107 @@
+"""Ollama server logs, three eras (kv-facts.md §5.1): the bundled runner with Ollama's own
+estimate (``msg="offload to cuda"`` / ``msg=offload library=cuda``), the memory-layout logs
+(``msg="kv cache" device=CUDA0 size=...``), and the llama-server subprocess (v0.30+).
+The llama.cpp lines Ollama copies into its log are read by :mod:`kvreport.logs.llamacpp`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kvreport.logs.common import size_to_mib, to_float, to_int
+from kvreport.logs.facts import LogFacts
+
+KEYWORDS = ("msg=", "ollama", "Ollama", "llama runner", "OLLAMA_", "runner.go", "llama-server", "KvSize",
+            "memory layout", "model failed to load")
+
+_WORD = re.compile(r"(?i)(?<![\w-])ollama(?![\w-])")
+_ATTR = re.compile(r'([\w.]+)=("(?:[^"\\]|\\.)*"|\[[^\]]*\]|\S+)')
+_SIZE = re.compile(r"([\d.]+)\s*(B|KiB|MiB|GiB|TiB)")
+_VERSION = re.compile(r"(?:ollama version is|\(version|version=)\s*\"?v?(\d+\.\d+\.\d+[\w.\-+]*)")
+_LOAD_REQ = re.compile(r"KvSize:(\d+)")
+_PARALLEL = re.compile(r"Parallel:(\d+)")
+_KVTYPE = re.compile(r"KvCacheType:(\w*)")
+_FA = re.compile(r"FlashAttention:(\w+)")
+_OOM_WORDS = ("out of memory", "out of device memory", "cudaMalloc failed", "hipMalloc failed", "failed to allocate",
+              "allocation failed", "not enough memory", "insufficient memory", "vk_error_out_of_device_memory",
+              "erroroutofmemory")
+
+
+def _attrs(line: str) -> dict:
+    return {k: v.strip('"') for k, v in _ATTR.findall(line)}
+
+
+def _mib(text: str | None) -> float | None:
+    if not text:
+        return None
+    m = _SIZE.search(text)
+    return size_to_mib(float(m.group(1)), m.group(2)) if m else None
+
+
+def feed(f: LogFacts, line: str, lineno: int) -> None:
+    """Read one cleaned Ollama line into ``f``. Never raises on text."""
+    o = f.ollama
+    if "level=" in line and "source=" in line and "msg=" in line:
+        f.engine_hints["ollama"] += 3
+    if "llama runner" in line or "OLLAMA_" in line or _WORD.search(line):
+        f.engine_hints["ollama"] += 2
+    m = _VERSION.search(line) if ("version" in line) else None
+    if m and ("ollama" in line.lower() or "Listening on" in line or "msg=" in line):
+        o["version"] = m.group(1)
+    if "KvSize:" in line:
+        m = _LOAD_REQ.search(line)
+        if m:
+            o["kv_size"] = int(m.group(1))
+        m = _PARALLEL.search(line)
+        if m:
+            o["parallel"] = int(m.group(1))
+        m = _KVTYPE.search(line)
+        if m and m.group(1):
+            o["kv_cache_type"] = m.group(1)
+        m = _FA.search(line)
+        if m:
+            o["flash_attention"] = m.group(1)
+    if "msg=" in line:
+        a = _attrs(line)
+        msg = a.get("msg", "")
+        if msg in ("offload to cuda", "offload to rocm", "offload to metal", "offload to cpu", "offload") or \
+                msg.startswith("offload to"):
+            o["estimate"] = {k: v for k, v in a.items() if k.startswith(("memory.", "layers.", "library"))}
+            if "memory.required.kv" in a:
+                o["kv_estimate_mib"] = _mib(a["memory.required.kv"])
+        elif msg in ("kv cache", "model weights", "compute graph", "total memory"):
+            o.setdefault("layout", []).append({"what": msg, "device": a.get("device"), "mib": _mib(a.get("size"))})
+        elif msg == "inference compute":
+            name = a.get("name") or (a.get("library", "GPU") + a.get("id", "?"))
+            total, avail = _mib(a.get("total")), _mib(a.get("available"))
+            f.set_device(name, "ollama", description=a.get("description"), total_mib=total, free_mib=avail)
+        elif "vram-based default context" in msg:
+            o["default_num_ctx"] = to_int(a.get("default_num_ctx"))
+        elif "requested context size too large" in msg:
+            f.warnings.append(line[:500])
+    low = line.lower()
+    if "memory layout cannot be allocated" in line:
+        f.add_event("engine", lineno, line, engine="ollama", phase="context", backend=None)
+        f.final_error = line
+        f.add_error(line)
+        return
+    if "llama runner process has terminated" in line or "llama-server process has terminated" in line \
+            or "reported out-of-memory" in line or "llama runner process no longer running" in line:
+        oom = any(w in low for w in _OOM_WORDS)
+        backend = "cuda" if "cuda" in low else "rocm" if "hip" in low else "vulkan" if "vk_" in low or "vulkan" in low else None
+        f.add_event("engine", lineno, line, engine="ollama", phase="unknown", backend=backend, oom=oom, weak=True)
+        f.final_error = line
+        f.add_error(line)
+        return
+    if "model failed to load" in line or ("Error:" in line and "500 Internal Server Error" in line):
+        f.engine_hints["ollama"] += 2
+        f.add_event("final", lineno, line)
+        f.final_error = line
+        f.add_error(line)
+        return
+    if "msg=" in line and ("llama runner started" in line or "llama-server started" in line):
+        f.add_event("success", lineno, line)
+
+
+def num(text) -> float | None:
+    return to_float(text)

@@ -1,0 +1,42 @@
+"""Hugging Face text-generation-inference logs (kv-facts.md §5.4): warm-up failures and the
+batch token budget."""
+
+from __future__ import annotations
+
+import re
+
+from kvreport.logs.facts import LogFacts
+
+KEYWORDS = ("text_generation", "Warmup", "max_batch_total_tokens", "max batch total tokens", "prefill tokens",
+            "max_total_tokens")
+
+_TOTAL = re.compile(r"Setting max batch total tokens to (\d+)")
+_PREFILL = re.compile(r"Not enough memory to handle (\d+) prefill tokens")
+
+
+def feed(f: LogFacts, line: str, lineno: int) -> None:
+    """Read one cleaned TGI line into ``f``. Never raises on text."""
+    t = f.tgi
+    if "text_generation" in line:
+        f.engine_hints["tgi"] += 3
+    m = _TOTAL.search(line)
+    if m:
+        t["max_batch_total_tokens"] = int(m.group(1))
+        f.engine_hints["tgi"] += 2
+    m = _PREFILL.search(line)
+    if m:
+        t["prefill_tokens"] = int(m.group(1))
+        f.add_event("engine", lineno, line, engine="tgi", phase="compute_buffer", backend="cuda")
+        f.final_error = line
+        f.add_error(line)
+        return
+    if "Warmup encountered an error" in line or "Method Warmup" in line and "error" in line.lower():
+        t["warmup_failed"] = True
+        f.add_event("engine", lineno, line, engine="tgi", phase="unknown", backend=None, weak=True)
+        f.final_error = line
+        f.add_error(line)
+        return
+    if "must be <= `max_batch_total_tokens`" in line or "must be <= max_batch_total_tokens" in line:
+        f.add_event("config", lineno, line, what=line[-200:])
+        f.final_error = line
+        f.add_error(line)

@@ -1,0 +1,168 @@
+"""vLLM logs (kv-facts.md §5.2): KV pool size, the start-up memory gate, KV capacity errors,
+the auto-fit of ``max_model_len``, and torch CUDA OOM messages."""
+
+from __future__ import annotations
+
+import re
+
+from kvreport.logs.common import size_to_mib, to_float, to_int
+from kvreport.logs.facts import LogFacts
+
+KEYWORDS = ("vLLM", "vllm", "KV cache", "max seq len", "gpu_memory_utilization", "GPU blocks", "blocks:",
+            "Free memory on device", "Model loading took", "model weights took", "Maximum concurrency",
+            "EngineCore", "out of memory", "max_model_len", "Memory profiling", "cache blocks", "KVCache",
+            "Required:", "Auto-fit", "Application startup complete", "Starting vLLM")
+
+_AVAIL = re.compile(r"Available KV cache memory:\s*(-?[\d.]+)\s*GiB")
+_POOL = re.compile(r"GPU KV cache size:\s*([\d,]+)\s*tokens")
+_BLOCKS = re.compile(r"# (?:GPU|cuda|rocm|\w+) blocks:\s*(\d+)")
+_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request:\s*([\d.]+)x")
+_V0_CAP = re.compile(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV cache \((\d+)\)")
+_V1_CAP = re.compile(r"max seq len \((\d+)\),\s*\(?([\d.]+) GiB KV cache is needed, which is larger than the available KV cache memory \(([-\d.]+) GiB\)")
+_EST = re.compile(r"estimated maximum model length is (\d+)")
+_NO_MEM = re.compile(r"No available memory for the cache blocks")
+_GATE = re.compile(r"Free memory on device\s*(\S+)?\s*\(([\d.]+)/([\d.]+) GiB\) on startup is less than desired GPU memory utilization \(([\d.]+),\s*([\d.]+) GiB\)")
+_WEIGHTS = re.compile(r"(?:Model loading|Loading model weights) took ([\d.]+)\s*(GiB|GB)")
+_VERSION = re.compile(r"(?:vLLM API server version|vLLM server version|LLM engine \(v)\s*v?([\d][\w.\-+]*)")
+_AUTOFIT = re.compile(r"Auto-fit max_model_len: reduced from (\d+) to (\d+)")
+_TORCH_OOM = re.compile(r"CUDA out of memory\. Tried to allocate ([\d.]+) (GiB|MiB|KiB)(?:.*?GPU (\d+) has a total capacity of ([\d.]+) (GiB|MiB) of which ([\d.]+) (GiB|MiB|KiB) is free)?")
+_CONFIG = re.compile(r"(max_seq_len|kv_cache_dtype|tensor_parallel_size|gpu_memory_utilization|max_model_len)=([\w.\-]+)")
+_PROFILE = re.compile(r"total_gpu_memory=([\d.]+)GiB")
+
+
+def feed(f: LogFacts, line: str, lineno: int) -> None:
+    """Read one cleaned vLLM line into ``f``. Never raises on text."""
+    v = f.vllm
+    if "vllm_rs" in line or "vllm-rs" in line or "KVCache" in line or ("Available:" in line and "Required:" in line):
+        _feed_vllm_rs(f, line, lineno)
+        return
+    if "vllm" in line.lower() or "EngineCore" in line:
+        f.engine_hints["vllm"] += 2
+    m = _VERSION.search(line)
+    if m:
+        v["version"] = m.group(1)
+        f.engine_hints["vllm"] += 3
+    if "=" in line and ("engine" in line.lower() or "Memory profiling" in line):
+        for k, val in _CONFIG.findall(line):
+            v.setdefault("config", {})[k] = val
+        m = _PROFILE.search(line)
+        if m:
+            v["total_gpu_gib"] = float(m.group(1))
+            f.engine_hints["vllm"] += 1
+    m = _WEIGHTS.search(line)
+    if m:
+        v["weights_mib"] = float(m.group(1)) * 1024.0
+        f.stage = "profile"
+        f.engine_hints["vllm"] += 1
+    m = _AVAIL.search(line)
+    if m:
+        v["available_kv_mib"] = float(m.group(1)) * 1024.0
+        f.engine_hints["vllm"] += 2
+        if v["available_kv_mib"] <= 0:
+            # vLLM raises "No available memory for the cache blocks" right after this line
+            f.add_event("engine", lineno, line, engine="vllm", phase="kv_capacity", backend=None, negative=True)
+            f.final_error = line
+            f.add_error(line)
+        return
+    m = _POOL.search(line)
+    if m:
+        v["pool_tokens"] = to_int(m.group(1))
+    m = _BLOCKS.search(line)
+    if m and "CPU blocks" in line:
+        v["gpu_blocks"] = int(m.group(1))
+        f.engine_hints["vllm"] += 1
+    m = _CONC.search(line)
+    if m:
+        v["max_model_len"] = to_int(m.group(1))
+        v["concurrency"] = float(m.group(2))
+        f.engine_hints["vllm"] += 1
+    m = _AUTOFIT.search(line)
+    if m:
+        f.fit = {"ran": True, "status": "fitted", "changed": {"max_model_len": [int(m.group(1)), int(m.group(2))]},
+                 "projected_mib": None, "free_mib": None, "lines": [line[:300]]}
+    m = _V0_CAP.search(line)
+    if m:
+        v["max_model_len"], v["pool_tokens"] = int(m.group(1)), int(m.group(2))
+        f.engine_hints["vllm"] += 3
+        f.add_event("engine", lineno, line, engine="vllm", phase="kv_capacity", backend=None)
+        f.final_error = line
+        f.add_error(line)
+        return
+    m = _V1_CAP.search(line)
+    if m:
+        v["max_model_len"] = int(m.group(1))
+        v["kv_needed_mib"] = float(m.group(2)) * 1024.0
+        v["available_kv_mib"] = float(m.group(3)) * 1024.0
+        m2 = _EST.search(line)
+        if m2:
+            v["estimated_max_len"] = int(m2.group(1))
+        f.engine_hints["vllm"] += 3
+        f.add_event("engine", lineno, line, engine="vllm", phase="kv_capacity", backend=None)
+        f.final_error = line
+        f.add_error(line)
+        return
+    if _NO_MEM.search(line) or "Cannot auto-fit max_model_len" in line:
+        f.engine_hints["vllm"] += 3
+        f.add_event("engine", lineno, line, engine="vllm", phase="kv_capacity", backend=None)
+        f.final_error = line
+        f.add_error(line)
+        return
+    m = _GATE.search(line)
+    if m:
+        free, total, util, want = (float(m.group(i)) for i in (2, 3, 4, 5))
+        v["gate"] = {"free_mib": free * 1024.0, "total_mib": total * 1024.0, "utilization": util,
+                     "requested_mib": want * 1024.0}
+        f.engine_hints["vllm"] += 3
+        f.add_event("engine", lineno, line, engine="vllm", phase="memory_budget", backend=None,
+                    requested_mib=want * 1024.0, free_mib=free * 1024.0)
+        f.final_error = line
+        f.add_error(line)
+        return
+    m = _TORCH_OOM.search(line)
+    if m:
+        req = size_to_mib(float(m.group(1)), m.group(2))
+        dev = f"CUDA{m.group(3)}" if m.group(3) is not None else None
+        free = size_to_mib(float(m.group(6)), m.group(7)) if m.group(6) else None
+        total = size_to_mib(float(m.group(4)), m.group(5)) if m.group(4) else None
+        if dev and total:
+            f.set_device(dev, "torch_oom", total_mib=total)
+        phase = "model_weights" if f.stage not in ("profile",) and "weights_mib" not in v else "compute_buffer"
+        f.add_event("engine", lineno, line, engine=None, phase=phase, backend="cuda", device=dev,
+                    requested_mib=req, free_mib=free, torch_oom=True)
+        f.final_error = line
+        f.add_error(line)
+        return
+    if "EngineCore failed to start" in line or "Engine core initialization failed" in line:
+        f.engine_hints["vllm"] += 2
+        f.add_event("final", lineno, line)
+        f.final_error = f.final_error or line
+        f.add_error(line)
+        return
+    if "Application startup complete" in line or "Starting vLLM API server" in line:
+        f.add_event("success", lineno, line)
+
+
+_RS_NEED = re.compile(r"Available:\s*([\d.]+)\s*MB,\s*Required:\s*([\d.]+)\s*MB")
+_RS_GPU = re.compile(r"GPU (\d+): total ([\d.]+) GB, free ([\d.]+) GB")
+
+
+def _feed_vllm_rs(f: LogFacts, line: str, lineno: int) -> None:
+    """vllm.rs (a Rust engine with vLLM-like flags, not vLLM): its KV-cache planner refusal.
+    Its "MB" are MiB (the planner divides by 2**20)."""
+    f.engine_hints["other"] += 5
+    m = _RS_GPU.search(line)
+    if m:
+        f.vllm.setdefault("rs", {})["gpu"] = int(m.group(1))
+    m = _RS_NEED.search(line)
+    if m and not any(e.get("rs_plan") for e in f.events):
+        f.add_event("engine", lineno, line, engine=None, phase="kv_cache", backend=None,
+                    requested_mib=float(m.group(2)), free_mib=float(m.group(1)), rs_plan=True)
+        f.final_error = line
+        f.add_error(line)
+    elif "allocation failed" in line or "Failed to allocate" in line:
+        f.final_error = line
+        f.add_error(line)
+
+
+def pool_mib(text) -> float | None:
+    return to_float(text)
