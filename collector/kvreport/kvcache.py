@@ -700,7 +700,7 @@ def parse_num_list(value: str | int | float | Sequence | None) -> list[float] | 
             return [float(x) for x in value]
         except (TypeError, ValueError):
             return None
-    text = str(value).strip()
+    text = str(value).strip().lower().replace("true", "1").replace("false", "0")
     if "..." in text:
         return None
     nums = _NUM_RE.findall(text)
@@ -824,14 +824,23 @@ def shape_from_hparams(hparams: Mapping[str, str], gguf_kv: Mapping[str, str] | 
     is_swa = [False] * n_all
     if arch == "phi3":
         swa_any, n_swa = 0, 0  # llama-model.cpp: "Phi SWA is currently disabled"
-    wants_swa = bool(swa_any) if swa_any is not None else (n_swa > 0 and arch in SWA_DEFAULT_PERIOD)
+    has_pattern = _kv_lookup(gguf_kv, arch, "attention.sliding_window_pattern") is not None
+    wants_swa = bool(swa_any) if swa_any is not None else (
+        n_swa > 0 and (arch in SWA_DEFAULT_PERIOD or has_pattern))
     if wants_swa:
         if not n_swa:
             n_swa = SWA_DEFAULT_WINDOW.get(arch, 0)
-        period = _int(_kv_lookup(gguf_kv, arch, "attention.sliding_window_pattern"))
-        if period is None:
+        raw_pattern = _kv_lookup(gguf_kv, arch, "attention.sliding_window_pattern")
+        pattern = parse_num_list(raw_pattern)
+        period = int(pattern[0]) if pattern and len(pattern) == 1 and not isinstance(raw_pattern, list) else None
+        if pattern and (len(pattern) > 1 or isinstance(raw_pattern, list)):
+            # per-layer bool array (gemma4, mimo2, step35, ...), tiled when shorter than n_layer
+            is_swa = [bool(pattern[il % len(pattern)]) for il in range(n_all)]
+        if period is None and not any(is_swa):
             period = _int(hp.get("n_swa_pattern"))
-        if period is None and arch in ("lfm2", "lfm2moe"):
+        if any(is_swa):
+            pass
+        elif period is None and arch in ("lfm2", "lfm2moe"):
             is_swa = [not r for r in is_rec]
         elif period is None and arch in SWA_DEFAULT_PERIOD:
             period = SWA_DEFAULT_PERIOD[arch]
@@ -862,6 +871,16 @@ def shape_from_hparams(hparams: Mapping[str, str], gguf_kv: Mapping[str, str] | 
         n_embd_r = [r if x else 0 for x in is_rec]
         n_embd_s = [s if x else 0 for x in is_rec]
     has_kv = tuple(il < n_main and n_head_kv[il] > 0 and (both or not is_rec[il]) for il in range(n_all))
+    # Layers that reuse another layer's cache own none (llama-model.cpp n_layer_kv_from_start):
+    # Gemma 3n keeps the first 20, Gemma 4 all but {arch}.attention.shared_kv_layers.
+    kv_from_start = None
+    if arch == "gemma3n":
+        kv_from_start = 20
+    shared = _int(_kv_lookup(gguf_kv, arch, "attention.shared_kv_layers"))
+    if shared:
+        kv_from_start = n_all - shared
+    if kv_from_start is not None and 0 < kv_from_start < n_all:
+        has_kv = tuple(h and il < kv_from_start for il, h in enumerate(has_kv))
     if arch in NO_MEMORY_ARCHS:
         has_kv = (False,) * n_all
         notes.append(f"{arch} keeps no KV cache")
