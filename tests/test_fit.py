@@ -1,0 +1,140 @@
+"""`kvreport fit`: the seeds' case (issue 4) and the CLI around fit_report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+from conftest import case_dirs
+from kvreport import fit as fit_mod
+from kvreport.cli import main
+from kvreport.errors import InputError
+from kvreport.fit import fit_report, render_fit
+from kvreport.kvcache import dense_shape
+from tinygguf import dense
+
+
+@pytest.fixture
+def llama3_8b(tmp_path):
+    """A GGUF header with Llama-3-8B's shape: 32 layers, 32 heads, 8 KV heads, head dim 128."""
+    return dense(tmp_path / "llama3-8b.gguf", n_layer=32, n_head=32, n_head_kv=8, n_embd=4096, ctx=8192)
+
+
+def test_seed_case_numbers():
+    # issue 4 / design.md: Llama-3-8B shape, -c 262144, 1024 MiB free, no headroom
+    shape = dense_shape(32, 8, 128, n_ctx_train=8192)
+    rep = fit_report(shape, 262144, 1024, headroom_mib=0)
+    assert rep["kv_bytes_per_token"] == 131072  # 128 KiB
+    assert rep["kv_required_mib"] == 32768.0  # 32 GiB
+    assert rep["max_ctx_fit"]["f16"] == 8192
+    assert rep["max_ctx_fit"]["q8_0"] == 15360
+    assert rep["max_ctx_fit_exact"]["q8_0"] == 15420
+    assert rep["headroom_mib"] == 0
+    assert rep["fits"] is False
+    assert {"kv_bytes_per_token", "kv_required_mib", "max_ctx_fit", "headroom_mib", "inputs"} <= rep.keys()
+
+
+def test_seed_case_text_says_it_plainly(llama3_8b):
+    r = CliRunner().invoke(main, ["fit", "--model", str(llama3_8b), "-c", "262144", "--free-mib", "1024"])
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert "262,144 tokens" in out and "tokens, not bytes" in out
+    assert "128 KiB" in out and "32 GiB" in out
+    assert "8,192 tokens at f16" in out and "15,360 at q8_0" in out and "15,420" in out
+    assert "0 MiB headroom" in out and "none subtracted" in out
+
+
+def test_seed_case_json(llama3_8b):
+    r = CliRunner().invoke(main, ["fit", "--model", str(llama3_8b), "-c", "262144", "--free-mib", "1024", "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert rep["max_ctx_fit"] == {"f16": 8192, "q8_0": 15360, "q4_0": 28928}
+    assert rep["inputs"]["source"] == "gguf" and rep["inputs"]["n_head_kv"] == 8
+
+
+def test_headroom_is_subtracted_and_explained():
+    shape = dense_shape(32, 8, 128)
+    rep = fit_report(shape, 8192, 2048, headroom_mib=1024)
+    assert rep["budget_mib"] == 1024 and rep["max_ctx_fit"]["f16"] == 8192
+    text = render_fit(rep, shape)
+    assert "1,024 MiB headroom" in text
+
+
+def test_parallel_split_vs_unified():
+    shape = dense_shape(32, 8, 128)
+    split = fit_report(shape, 32768, 8000, parallel=4)
+    assert split["inputs"]["kv_unified"] is False
+    assert split["max_ctx_fit"]["f16"] % (4 * 256) == 0
+    assert split["max_ctx_fit_parallel_1"]["f16"] == 64000
+    unified = fit_report(shape, 32768, 8000, parallel=4, kv_unified=True)
+    assert unified["max_ctx_fit"]["f16"] == 64000
+
+
+def test_requested_type_and_unknown_type():
+    shape = dense_shape(32, 8, 128)
+    rep = fit_report(shape, 8192, 1024, cache_type_k="q5_1", cache_type_v="q5_1")
+    assert "q5_1" in rep["max_ctx_fit"]
+    with pytest.raises(InputError, match="unknown cache type"):
+        fit_report(shape, 8192, 1024, cache_type_k="turbo9")
+
+
+def test_fit_from_a_real_log():
+    case = next(c for c in case_dirs() if c.name.startswith("loc-17"))
+    r = CliRunner().invoke(main, ["fit", "--log", str(case / "log.txt"), "--free-mib", "4096", "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert rep["kv_required_mib"] == 65536.0  # the log printed size = 65536.00 MiB
+    assert rep["inputs"]["source"] == "log"
+
+
+def test_fit_from_hf_config(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32,
+                               "num_key_value_heads": 8, "hidden_size": 4096,
+                               "max_position_embeddings": 131072}))
+    r = CliRunner().invoke(main, ["fit", "--config", str(cfg), "-c", "131072", "--free-mib", "20000", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["kv_required_mib"] == 16384.0
+
+
+def test_missing_model_is_a_one_line_error():
+    r = CliRunner().invoke(main, ["fit", "--free-mib", "1000"])
+    assert r.exit_code == 2
+    assert "--model" in r.output
+
+
+def test_without_free_mib_uses_probes(monkeypatch, llama3_8b):
+    class FakeProbes:
+        @staticmethod
+        def run_all(timeout):
+            return ({"ram_free_mib": 64000}, [{"backend": "cuda", "name": "CUDA0", "free_mib": 9216}], [], {})
+
+    monkeypatch.setitem(sys.modules, "kvreport.probes", FakeProbes)
+    monkeypatch.setattr("kvreport.probes", FakeProbes, raising=False)
+    r = CliRunner().invoke(main, ["fit", "--model", str(llama3_8b), "-c", "8192", "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert rep["free_mib"] == 9216 and rep["headroom_mib"] == fit_mod.DEFAULT_HEADROOM_MIB
+    assert rep["max_ctx_fit"]["f16"] == 65536  # (9216 - 1024) MiB / 128 KiB
+
+
+def test_without_free_mib_and_no_probe(monkeypatch, llama3_8b):
+    class NoRunAll:
+        pass
+
+    monkeypatch.setitem(sys.modules, "kvreport.probes", NoRunAll)
+    monkeypatch.setattr("kvreport.probes", NoRunAll, raising=False)
+    r = CliRunner().invoke(main, ["fit", "--model", str(llama3_8b)])
+    assert r.exit_code == 2 and "--free-mib" in r.output
+
+
+def test_cli_model_error_is_one_line(tmp_path):
+    p = tmp_path / "x.gguf"
+    p.write_bytes(b"PK\x03\x04zipzipzip" * 4)
+    r = subprocess.run([sys.executable, "-m", "kvreport.cli", "fit", "--model", str(p), "--free-mib", "1000"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "not a GGUF file" in r.stderr
