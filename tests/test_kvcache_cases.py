@@ -112,3 +112,23 @@ def test_non_unified_inflation_from_the_command_line(name, n_ctx_seq, n_ctx):
     got = kv_size(shape_from_hparams(hp, gkv), KVConfig(n_ctx=c, n_seq=np_, kv_unified=False))
     assert (got.n_ctx_seq, got.n_ctx) == (n_ctx_seq, n_ctx)
     assert got.kv_mib == pytest.approx(load_expected(case)["kv_printed_mib"], rel=0.005)
+
+
+@pytest.mark.parametrize("case", _kv_cases(), ids=lambda p: p.name)
+def test_kv_size_matches_printed_via_parse_log(case: Path):
+    """The same check with the facts kvreport's own log parser extracts (what analyze uses)."""
+    from kvreport.logs import parse_log
+
+    with open(case / "log.txt", encoding="utf-8", errors="replace") as f:
+        facts = parse_log(f)
+    shape = shape_from_hparams(facts.hparams, facts.gguf_kv)
+    assert shape is not None
+    types = command_types(case)
+    if facts.ctx.get("type_k"):
+        types = (facts.ctx["type_k"], facts.ctx.get("type_v") or facts.ctx["type_k"])
+    else:
+        real = [k for k in facts.kv_caches if not k.get("dry_run") and k.get("type_k")]
+        if real:
+            types = (real[0]["type_k"], real[0].get("type_v") or real[0]["type_k"])
+    got = kv_size(shape, config_from(facts.ctx, types))
+    assert got.kv_mib == pytest.approx(load_expected(case)["kv_printed_mib"], rel=0.005)
