@@ -42,16 +42,22 @@ def is_key_line(line: str) -> bool:
         return False
 
 
+# two log lines pasted onto one (a lost newline): "... size 337  E llama_model_load: ..."
+_JOINED = re.compile(r"\s{2,}(?=[EWID] \w+: )")
+
+
 def _feed_one(f: LogFacts, raw, lineno: int) -> None:
     line = clean_line(raw)
     if not line or _KEY.search(line) is None:
         return
     f.key_line_count += 1
-    for parser in _PARSERS:
-        try:
-            parser.feed(f, line, lineno)
-        except Exception:  # noqa: BLE001 - a parser bug must never stop the diagnosis
-            f.warnings.append(f"parser {parser.__name__} skipped line {lineno}")
+    parts = _JOINED.split(line) if "  " in line and len(line) > 40 else (line,)
+    for part in parts:
+        for parser in _PARSERS:
+            try:
+                parser.feed(f, part, lineno)
+            except Exception:  # noqa: BLE001 - a parser bug must never stop the diagnosis
+                f.warnings.append(f"parser {parser.__name__} skipped line {lineno}")
 
 
 def parse_log(lines: Iterable) -> LogFacts:

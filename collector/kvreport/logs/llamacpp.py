@@ -151,7 +151,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
 
     # ---- context parameters
     if "n_ctx" in line or "n_seq_max" in line or "n_batch" in line or "n_ubatch" in line or "flash_attn" in line \
-            or "kv_unified" in line or "type_k" in line:
+            or "kv_unified" in line or "type_k" in line or "worst-case" in line:
         target = f.dry_ctx if f.in_fit else f.ctx
         for m in _CTX.finditer(line):
             key = m.group(1)
@@ -183,6 +183,10 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         if m:
             f.ctx["n_parallel_auto"] = m.group(1)
             f.ctx.setdefault("kv_unified", m.group(2))
+        if "worst-case" in line:
+            m = re.search(r"worst-case: n_tokens = (\d+)", line)
+            if m:
+                target.setdefault("n_ubatch", m.group(1))
         if "enabling flash_attn" in line:
             target["flash_attn"] = "enabled"
     if "Flash Attention" in line:

@@ -1,0 +1,726 @@
+"""The diagnosis: a pure function of a bundle (no I/O), the same on the client and the server.
+
+``analyze(bundle) -> dict`` returns design.md's diagnosis JSON::
+
+    analyzer_version, engine, failure{phase, backend, failing_device, requested_mib, free_mib,
+    allocator_error, final_error, verdict}, memory{kv_required_mib, rs_required_mib,
+    kv_mib_per_1k_tokens, max_ctx_fit{f16,q8_0,q4_0}, fit, inputs{...,source}}, findings[],
+    signature{id,key,title,scheme,notes}, suggestions[]
+
+How the failure is placed (design.md "Phases"):
+
+1. The log's failure chain (:mod:`kvreport.logs`) is cut into *allocation groups*: backend
+   refusals (``cudaMalloc failed``, ``ErrorOutOfDeviceMemory``, ``ggml_aligned_malloc``...), the
+   ggml line that names the buffer (``failed to allocate CUDA0 buffer of size N``) and the reason
+   llama.cpp gives (``failed to allocate buffer for kv cache`` -> kv_cache, ``compute buffers`` ->
+   compute_buffer, ``unable to allocate CUDA0 buffer`` while loading -> model_weights). Without a
+   reason, a compute allocator (gallocr) means compute_buffer, a tensor allocation during
+   ``load_tensors`` model_weights and during context creation kv_cache; a lone backend line stays
+   ``unknown``.
+2. A group the engine recovered from is not the failure (it becomes a ``recovered_allocation``
+   finding): pinned host memory with fallback to plain host memory, a compute buffer retried
+   without pipeline parallelism that then worked, anything followed by the server coming up.
+   When the retry also fails, the first failure of that chain is the primary one and the later
+   one a ``secondary_failure`` finding.
+3. vLLM / SGLang / TGI / Ollama messages give their own phases (kv_capacity, memory_budget...).
+4. Refusals that are not about memory (bad or truncated file, unknown architecture, a refused
+   option) are ``unknown``; a log without any failure is ``none``.
+
+``requested_mib`` is the buffer named at ggml level, else the backend's own line; ``free_mib`` the
+failing device's free memory before launch (bundle ``memory_before_launch`` / ``devices``), else
+what the log printed (``using device ... MiB free``, ``--list-devices``, Ollama inventory, the
+CPU's total memory as llama.cpp's fit reports it). The verdict compares the request with that free
+memory minus what the engine had already allocated on the device before the failure.
+
+``memory.kv_required_mib`` is the KV size the engine printed for its real attempt when it printed
+one; otherwise kvreport's arithmetic (:mod:`kvreport.kvcache`) for the configuration the engine
+allocated (its own ``llama_context: n_ctx`` etc. after padding, parallel and fit adjustments), and
+as a last resort the failing KV buffer itself. ``kv_mib_per_1k_tokens`` is per 1024 tokens.
+"""
+
+from __future__ import annotations
+
+import json
+
+from kvreport import fixes
+from kvreport.logs import LogFacts, parse_log
+from kvreport.logs.common import MIB, to_float, to_int
+from kvreport.signature import signature
+
+ANALYZER_VERSION = "1.0.0"
+"""Version of the analysis rules; the server stores it and re-analyzes when it changes."""
+
+_BACKEND_PREFIX = (("CUDA", "cuda"), ("ROCm", "rocm"), ("MUSA", "unknown"), ("Vulkan", "vulkan"), ("MTL", "metal"),
+                   ("Metal", "metal"), ("SYCL", "sycl"), ("OPENVINO", "openvino"), ("OpenVINO", "openvino"),
+                   ("CANN", "cann"), ("CPU", "cpu"))
+_DEVICE_PREFIX = {"cuda": "CUDA", "rocm": "ROCm", "vulkan": "Vulkan", "metal": "MTL", "sycl": "SYCL",
+                  "openvino": "OPENVINO", "cann": "CANN"}
+_ENGINES = ("llama.cpp", "ollama", "vllm", "sglang", "tgi")
+
+
+def backend_of_device(name: str | None) -> str | None:
+    """``CUDA0`` -> "cuda", ``ROCm_Host`` -> "rocm", ``CPU_Mapped`` -> "cpu"; None when not a ggml name."""
+    if not name:
+        return None
+    for prefix, backend in _BACKEND_PREFIX:
+        if name.startswith(prefix):
+            return backend
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+
+
+def analyze(bundle: dict) -> dict:
+    """The diagnosis of a bundle (design.md "Diagnosis JSON"). Pure; never raises on bad content.
+
+    Reads ``bundle["log"]["lines"]``, ``bundle["command"]`` (flags parsed by
+    :func:`kvreport.cmdline.parse_command` when absent), ``bundle["memory_before_launch"]``,
+    ``bundle["devices"]``, ``bundle["host"]`` and ``bundle["model"]["gguf"]``.
+    """
+    bundle = bundle if isinstance(bundle, dict) else {}
+    log = bundle.get("log") if isinstance(bundle.get("log"), dict) else {}
+    lines = log.get("lines") or []
+    facts = parse_log(lines if isinstance(lines, list) else [])
+    return diagnose(facts, bundle)
+
+
+def analyze_text(text: str, command_line: str | None = None) -> dict:
+    """The diagnosis of a raw log (or a bundle as JSON text), e.g. pasted from a GitHub issue.
+
+    ``command_line``: the command that produced the log, if known (its flags refine the numbers
+    and the suggestions are rewritten commands).
+    """
+    from kvreport.bundle import looks_like_bundle
+
+    text = text if isinstance(text, str) else bytes(text or b"").decode("utf-8", "replace")
+    if looks_like_bundle(text):
+        bundle = json.loads(text)
+        if command_line:
+            bundle["command"] = _parse_command(command_line)
+        return analyze(bundle)
+    facts = parse_log(text.splitlines())
+    return diagnose(facts, {"command": _parse_command(command_line)} if command_line else {})
+
+
+def _parse_command(line: str | None) -> dict:
+    if not line:
+        return {}
+    try:
+        from kvreport.cmdline import parse_command
+
+        return parse_command(line)
+    except Exception:  # noqa: BLE001 - an unparsable command only loses its flags
+        return {"line": line}
+
+
+def diagnose(facts: LogFacts, bundle: dict | None = None) -> dict:
+    """The diagnosis from parsed log facts plus the rest of a bundle (command, devices, model)."""
+    bundle = bundle if isinstance(bundle, dict) else {}
+    try:
+        return _Diagnosis(facts, bundle).run()
+    except Exception as exc:  # noqa: BLE001 - the server must always get a diagnosis
+        return _fallback(facts, repr(exc))
+
+
+def _fallback(facts: LogFacts, why: str) -> dict:
+    engine = facts.engine if facts.engine in _ENGINES else "unknown"
+    failure = {"phase": "unknown", "backend": "unknown", "failing_device": None, "requested_mib": None,
+               "free_mib": None, "allocator_error": None, "final_error": facts.final_error, "verdict": "unknown"}
+    return {"analyzer_version": ANALYZER_VERSION, "engine": engine, "failure": failure,
+            "memory": _empty_memory(), "findings": [{"kind": "analyzer_error", "text": why[:300], "line": None}],
+            "signature": signature({"engine": engine, **failure}), "suggestions": []}
+
+
+def _empty_memory() -> dict:
+    return {"kv_required_mib": None, "rs_required_mib": None, "kv_mib_per_1k_tokens": None, "max_ctx_fit": None,
+            "fit": None, "inputs": {"n_ctx": None, "n_seq": None, "n_layer": None, "n_head_kv": None,
+                                    "head_dim_k": None, "head_dim_v": None, "cache_type_k": None,
+                                    "cache_type_v": None, "n_swa": None, "source": "assumed"}}
+
+
+# ---------------------------------------------------------------------------------------------
+# allocation groups
+
+
+class _Group:
+    __slots__ = ("events", "reasons", "closed", "retried", "success_after", "ok_after")
+
+    def __init__(self):
+        self.events: list[dict] = []
+        self.reasons: list[dict] = []
+        self.closed = False
+        self.retried = False
+        self.success_after = False
+        self.ok_after = False
+
+    @property
+    def only_pinned(self) -> bool:
+        return bool(self.events) and all(e["kind"] == "pinned" for e in self.events) and not self.reasons
+
+    def phase(self) -> str:
+        for r in self.reasons:
+            if r.get("phase") and r["phase"] != "context":
+                return r["phase"]
+        if self.reasons:
+            return self.reasons[0].get("phase") or "context"
+        for e in self.events:
+            if e["kind"] == "ggml":
+                if e.get("buffer") == "compute":
+                    return "compute_buffer"
+                if e.get("stage") == "weights":
+                    return "model_weights"
+                if e.get("stage") == "context":
+                    return "kv_cache"
+        return "unknown"
+
+    def ggml(self) -> dict | None:
+        for e in self.events:
+            if e["kind"] == "ggml":
+                return e
+        return None
+
+    def backend_events(self) -> list[dict]:
+        return [e for e in self.events if e["kind"] == "backend"]
+
+
+def _groups(events: list[dict]) -> list[_Group]:
+    groups: list[_Group] = []
+    cur: _Group | None = None
+    prev = ""
+    for ev in events:
+        if ev.get("dry_run"):
+            continue
+        kind = ev["kind"]
+        if kind in ("backend", "pinned", "ggml"):
+            if cur is None or cur.closed:
+                cur = _Group()
+                groups.append(cur)
+            cur.events.append(ev)
+        elif kind == "reason":
+            if cur is None or (cur.closed and prev != "reason"):
+                cur = _Group()
+                groups.append(cur)
+            cur.reasons.append(ev)
+            cur.closed = True
+        elif kind == "retry":
+            if cur is not None:
+                cur.retried = True
+                cur.closed = True
+        elif kind == "alloc_ok":
+            if cur is not None and not cur.closed:
+                cur.closed = True
+                cur.ok_after = True
+        elif kind == "success":
+            for g in groups:
+                g.success_after = True
+            if cur is not None:
+                cur.closed = True
+        prev = kind
+    return groups
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class _Diagnosis:
+    def __init__(self, facts: LogFacts, bundle: dict):
+        self.f = facts
+        self.b = bundle
+        self.findings: list[dict] = []
+        cmd = bundle.get("command") if isinstance(bundle.get("command"), dict) else {}
+        if cmd and not isinstance(cmd.get("flags"), dict) and (cmd.get("line") or cmd.get("argv")):
+            parsed = _parse_command(cmd.get("line") or " ".join(map(str, cmd.get("argv") or [])))
+            cmd = {**parsed, **{k: v for k, v in cmd.items() if v}}
+            cmd["flags"] = parsed.get("flags") or {}
+        self.command = cmd
+        self.flags = dict(cmd.get("flags") or {}) if cmd else {}
+
+    # -- helpers
+    def finding(self, kind: str, text: str, line: str | None = None) -> None:
+        if len(self.findings) < 30:
+            self.findings.append({"kind": kind, "text": text, "line": line})
+
+    def engine(self) -> str:
+        e = self.f.engine
+        if e in _ENGINES:
+            return e
+        if e is None and self.f.engine_hints.get("other"):
+            return "unknown"
+        for cand in ((self.command or {}).get("engine"), ((self.b.get("engine") or {}).get("name")
+                                                          if isinstance(self.b.get("engine"), dict) else None)):
+            if cand:
+                c = str(cand).lower()
+                if c in _ENGINES:
+                    return c
+                if "llama" in c:
+                    return "llama.cpp"
+        return "unknown"
+
+    # -- failure
+    def failure(self) -> dict:
+        f = self.f
+        groups = _groups(f.events)
+        fatal: list[_Group] = []
+        for i, g in enumerate(groups):
+            later_fatal = any(not h.only_pinned for h in groups[i + 1:])
+            recovered = g.only_pinned or (g.retried and not later_fatal) or g.success_after
+            if recovered:
+                self._recovered(g)
+            else:
+                fatal.append(g)
+        self.groups = groups
+        engine_events = [e for e in f.events if e["kind"] == "engine" and not e.get("dry_run")]
+        strong_engine = [e for e in engine_events if not e.get("weak")]
+        configs = [e for e in f.events if e["kind"] == "config" and not e.get("dry_run")]
+        finals = [e for e in f.events if e["kind"] == "final" and not e.get("dry_run")]
+        out = {"phase": "none", "backend": "unknown", "failing_device": None, "requested_mib": None,
+               "free_mib": None, "allocator_error": None, "final_error": None, "verdict": "unknown"}
+        self.primary = None
+        self.limit = False
+        self.kv_update = False
+        self.has_memory_event = False
+        self.weak = False
+        if fatal:
+            first = fatal[0]
+            idx = groups.index(first)
+            primary = first
+            while idx > 0 and groups[idx - 1].retried:
+                idx -= 1
+                primary = groups[idx]
+            for g in fatal[1:] + ([first] if primary is not first else []):
+                gg = g.ggml() or (g.backend_events() or [{}])[0]
+                if gg.get("line") and g is not primary:
+                    self.finding("secondary_failure", f"after that, another allocation failed: {gg.get('line')}",
+                                 gg.get("line"))
+            self.primary = primary
+            phase = first.phase() if first.reasons else primary.phase()
+            if phase == "unknown" and primary.reasons:
+                phase = "context"
+            out.update(self._group_numbers(primary))
+            out["phase"] = phase
+            self.kv_update = any(r.get("kv_update") for r in first.reasons)
+            self.has_memory_event = True
+            out["final_error"] = f.final_error
+        elif strong_engine:
+            ev = strong_engine[-1]
+            out["phase"] = ev.get("phase") or "unknown"
+            out["backend"] = ev.get("backend") or "unknown"
+            out["failing_device"] = ev.get("device")
+            out["requested_mib"] = _r2(ev.get("requested_mib"))
+            out["free_mib"] = _r2(ev.get("free_mib"))
+            out["allocator_error"] = ev["line"] if ev.get("torch_oom") else None
+            out["final_error"] = f.final_error or ev["line"]
+            self.has_memory_event = True
+        elif engine_events or configs or finals:
+            out["phase"] = "unknown"
+            out["final_error"] = f.final_error or (engine_events or configs or finals)[-1]["line"]
+            weak = [e for e in engine_events if e.get("weak")]
+            if weak:
+                self.weak = True
+                out["backend"] = weak[-1].get("backend") or "unknown"
+                self.has_memory_event = bool(weak[-1].get("oom"))
+        if out["phase"] not in ("none",) and out["backend"] == "unknown":
+            out["backend"] = self._backend_guess()
+        if out["phase"] == "none":
+            out["backend"] = "unknown"
+        self._free_and_verdict(out)
+        return out
+
+    def _recovered(self, g: _Group) -> None:
+        ev = (g.events or g.reasons)[0]
+        if g.only_pinned:
+            text = (f"{_fmt(ev.get('mib'))} MiB of pinned host memory could not be allocated "
+                    f"({ev.get('error') or 'no reason given'}); llama.cpp fell back to ordinary host memory")
+        elif g.retried:
+            text = ("a compute buffer allocation failed with pipeline parallelism and llama.cpp retried without it "
+                    f"({_fmt((g.ggml() or ev).get('mib'))} MiB on {(g.ggml() or ev).get('device') or 'the device'})")
+        else:
+            text = "an allocation failed but the engine carried on and came up"
+        self.finding("recovered_allocation", text, ev.get("line"))
+
+    def _group_numbers(self, g: _Group) -> dict:
+        gg = g.ggml()
+        backends = g.backend_events()
+        device = gg.get("device") if gg else None
+        requested = gg.get("mib") if gg else None
+        if device is None or requested is None:
+            for e in backends:
+                if device is None and e.get("device"):
+                    device = e["device"]
+                if requested is None and e.get("mib") is not None:
+                    requested = e["mib"]
+        if requested is None:
+            for e in g.events:
+                if e.get("mib") is not None:
+                    requested = e["mib"]
+                    break
+        backend = backend_of_device(device)
+        if backend is None:
+            for e in backends:
+                if e.get("backend"):
+                    backend = e["backend"]
+                    break
+        detail = [e for e in backends if e.get("detail")]
+        alloc = (detail or backends or ([gg] if gg else []) or [{}])[0].get("line")
+        self.limit = any(e.get("limit") for e in g.events)
+        return {"backend": backend or "unknown", "failing_device": device, "requested_mib": _r2(requested),
+                "allocator_error": alloc}
+
+    def _backend_guess(self) -> str:
+        f = self.f
+        for name in f.devices:
+            b = backend_of_device(name)
+            if b and b != "cpu":
+                return b
+        if f.cuda_name:
+            return {"ROCm": "rocm", "CUDA": "cuda"}.get(f.cuda_name, "unknown")
+        return "unknown"
+
+    def _device_free(self, device: str | None, backend: str) -> float | None:
+        """Free MiB of ``device`` before launch (bundle), else from the log."""
+        b = self.b
+        if device:
+            for entry in b.get("memory_before_launch") or []:
+                if isinstance(entry, dict) and entry.get("device") == device and entry.get("free_mib") is not None:
+                    return to_float(entry["free_mib"])
+            for entry in b.get("devices") or []:
+                if not isinstance(entry, dict):
+                    continue
+                prefix = _DEVICE_PREFIX.get(str(entry.get("backend") or "").lower())
+                if prefix and f"{prefix}{entry.get('index')}" == device and entry.get("free_mib") is not None:
+                    return to_float(entry["free_mib"])
+            if device.startswith("CPU") or device.endswith("_Host"):
+                host = b.get("host") if isinstance(b.get("host"), dict) else {}
+                if host.get("ram_free_mib") is not None:
+                    return to_float(host["ram_free_mib"])
+            dev = self.f.devices.get(device)
+            if dev and dev.get("free_mib") is not None:
+                return dev["free_mib"]
+            if device.startswith("CPU") or device.endswith("_Host"):
+                fit = self.f.fit or {}
+                if fit.get("memory") == "host" and fit.get("free_mib"):
+                    return fit["free_mib"]
+        if backend == "vulkan" and self.f.ctx.get("vk_free_mib"):
+            if not device or device.startswith("Vulkan"):
+                return self.f.ctx["vk_free_mib"]
+        return None
+
+    def _used_before(self, device: str | None, lineno: int | None) -> float:
+        """MiB the engine had allocated on ``device`` before the failing line (weights, KV, output...)."""
+        if not device or lineno is None:
+            return 0.0
+        used = 0.0
+        host = device.startswith("CPU")
+        for buf in self.f.buffers:
+            if buf.get("dry_run"):
+                continue
+            name = buf.get("device") or ""
+            if name == device or (host and name == "CPU"):
+                used += buf.get("mib") or 0.0
+        return used
+
+    def _free_and_verdict(self, out: dict) -> None:
+        device, backend = out["failing_device"], out["backend"]
+        free = out["free_mib"]
+        if free is None and out["phase"] not in ("none",):
+            free = self._device_free(device, backend)
+        out["free_mib"] = _r2(free)
+        self.free_at_failure = None
+        if free is not None:
+            used = self._used_before(device, (self.primary.events[0]["lineno"] if self.primary and self.primary.events else None))
+            self.free_at_failure = max(0.0, free - used)
+            if used:
+                self.finding("free_after_allocations",
+                             f"{_fmt(free)} MiB free on {device} before loading; {_fmt(used)} MiB already allocated "
+                             f"there (weights, KV, output) left {_fmt(self.free_at_failure)} MiB")
+        req = out["requested_mib"]
+        if out["phase"] == "none":
+            out["verdict"] = "unknown"
+        elif self.limit:
+            out["verdict"] = "exceeds_alloc_limit"
+        elif req is not None and self.free_at_failure is not None:
+            out["verdict"] = "exceeds_free" if req > self.free_at_failure else "fits_but_failed"
+        else:
+            out["verdict"] = "unknown"
+
+    # -- memory
+    def config(self) -> dict:
+        """The context configuration the engine allocated (log first, then the command's flags)."""
+        f, fl = self.f, self.flags
+        ctx = f.ctx if f.ctx.get("n_ctx") or f.ctx.get("kv_size") else {**f.dry_ctx, **f.ctx}
+        n_ctx = to_int(ctx.get("n_ctx")) or to_int(ctx.get("kv_size"))
+        src = "log" if n_ctx else None
+        fit_change = ((f.fit or {}).get("changed") or {}).get("n_ctx")
+        if not n_ctx and fit_change:
+            n_ctx, src = fit_change[1], "log"
+        full = [k for k in f.kv_caches if not k.get("dry_run") and k.get("section") in ("", "non-SWA", "main")
+                and k.get("cells")]
+        if not n_ctx and full:
+            n_ctx, src = full[-1]["cells"] * (full[-1].get("n_stream") or 1), "log"
+        if not n_ctx and isinstance(fl.get("n_ctx"), int):
+            n_ctx, src = fl["n_ctx"], "command"
+        if not n_ctx and f.ollama.get("kv_size"):
+            n_ctx, src = f.ollama["kv_size"], "log"
+        if not n_ctx and isinstance(fl.get("context_length"), int):
+            n_ctx, src = fl["context_length"], "command"
+        n_seq = to_int(ctx.get("n_seq_max"))
+        if not n_seq:
+            par = fl.get("n_parallel")
+            n_seq = par if isinstance(par, int) and par > 0 else to_int(f.ctx.get("n_parallel_auto")) or \
+                f.ollama.get("parallel") or 1
+        uni = ctx.get("kv_unified")
+        if uni is not None:
+            kv_unified = str(uni).lower() in ("true", "1")
+        elif isinstance(fl.get("kv_unified"), bool):
+            kv_unified = fl["kv_unified"]
+        elif f.ollama:
+            kv_unified = False
+        else:
+            kv_unified = n_seq <= 1 or f.ctx.get("n_parallel_auto") is not None
+        real = [k for k in f.kv_caches if not k.get("dry_run")] or list(f.kv_caches)
+        tk = (real[-1].get("type_k") if real else None) or ctx.get("type_k") or fl.get("cache_type_k") or \
+            f.ollama.get("kv_cache_type") or "f16"
+        tv = (real[-1].get("type_v") if real else None) or ctx.get("type_v") or fl.get("cache_type_v") or \
+            f.ollama.get("kv_cache_type") or "f16"
+        fa_raw = str(ctx.get("flash_attn") or fl.get("flash_attn") or "").lower()
+        flash = False if fa_raw in ("0", "disabled", "off", "false") else True if fa_raw else None
+        swa_full = str(ctx.get("swa_full") or "").lower() == "true" or bool(fl.get("swa_full"))
+        n_ubatch = to_int(ctx.get("n_ubatch")) or (fl.get("n_ubatch") if isinstance(fl.get("n_ubatch"), int) else None)
+        n_batch = to_int(ctx.get("n_batch")) or (fl.get("n_batch") if isinstance(fl.get("n_batch"), int) else None)
+        return {"n_ctx": n_ctx, "n_ctx_source": src, "n_seq": n_seq, "kv_unified": kv_unified,
+                "cache_type_k": str(tk), "cache_type_v": str(tv), "flash_attn": flash, "swa_full": swa_full,
+                "n_ubatch": n_ubatch, "n_batch": n_batch}
+
+    def shape(self):
+        try:
+            from kvreport import kvcache
+        except Exception:  # noqa: BLE001
+            return None, None
+        model = self.b.get("model") if isinstance(self.b.get("model"), dict) else {}
+        meta = model.get("gguf") if isinstance(model.get("gguf"), dict) else None
+        if meta:
+            try:
+                from kvreport.gguf_meta import shape_from_metadata
+
+                return kvcache, shape_from_metadata(meta)
+            except Exception:  # noqa: BLE001 - fall back to the log
+                pass
+        if self.f.hparams or self.f.gguf_kv:
+            try:
+                return kvcache, kvcache.shape_from_hparams(self.f.hparams, self.f.gguf_kv)
+            except Exception:  # noqa: BLE001
+                return kvcache, None
+        return kvcache, None
+
+    def printed_kv(self) -> tuple[float | None, bool]:
+        """The KV MiB the engine printed for its last real attempt (or for the fit dry run)."""
+        def last_set(items):
+            sets: list[list[dict]] = []
+            for k in items:
+                if not sets or k.get("section") in ("", "non-SWA", "main"):
+                    sets.append([k])
+                else:
+                    sets[-1].append(k)
+            return sets[-1] if sets else []
+
+        real = [k for k in self.f.kv_caches if not k.get("dry_run")]
+        if real:
+            return sum(k["mib"] for k in last_set(real)), False
+        dry = [k for k in self.f.kv_caches if k.get("dry_run")]
+        if dry:
+            return sum(k["mib"] for k in last_set(dry)), True
+        return None, False
+
+    def memory(self, failure: dict) -> tuple[dict, dict]:
+        f = self.f
+        cfg_d = self.config()
+        kvcache, shape = self.shape()
+        mem = _empty_memory()
+        inputs = mem["inputs"]
+        inputs.update({"n_ctx": cfg_d["n_ctx"], "n_seq": cfg_d["n_seq"], "cache_type_k": cfg_d["cache_type_k"],
+                       "cache_type_v": cfg_d["cache_type_v"]})
+        size = None
+        cfg = None
+        if shape is not None:
+            inputs["source"] = shape.source if shape.source in ("gguf", "log") else "log"
+            inputs["n_layer"] = shape.n_layer
+            kv_layers = [i for i in range(shape.n_layer) if not shape.has_kv or shape.has_kv[i]]
+            heads = sorted({shape.n_head_kv[i] for i in kv_layers}) if kv_layers else []
+            inputs["n_head_kv"] = heads[0] if len(heads) == 1 else (heads or None)
+            dk = sorted({shape.head_dim_k[i] for i in kv_layers}) if kv_layers else []
+            dv = sorted({shape.head_dim_v[i] for i in kv_layers}) if kv_layers else []
+            inputs["head_dim_k"] = dk[0] if len(dk) == 1 else (dk or None)
+            inputs["head_dim_v"] = dv[0] if len(dv) == 1 else (dv or None)
+            inputs["n_swa"] = shape.n_swa or None
+            n_ctx = cfg_d["n_ctx"] or shape.n_ctx_train or 4096
+            if not cfg_d["n_ctx"]:
+                inputs["source"] = "assumed"
+                inputs["n_ctx"] = n_ctx
+            build = f.build if f.build and f.build > 0 else None
+            cfg = kvcache.KVConfig(n_ctx=n_ctx, n_seq=max(1, cfg_d["n_seq"] or 1), kv_unified=cfg_d["kv_unified"],
+                                   cache_type_k=cfg_d["cache_type_k"], cache_type_v=cfg_d["cache_type_v"],
+                                   flash_attn=cfg_d["flash_attn"] is not False, swa_full=cfg_d["swa_full"],
+                                   n_ubatch=cfg_d["n_ubatch"] or 512, build=build)
+            size = kvcache.kv_size(shape, cfg)
+            inputs["n_ctx"] = size.n_ctx
+        printed, printed_dry = self.printed_kv()
+        computed = size.kv_mib if size is not None else None
+        if printed is not None and not printed_dry:
+            kv = printed
+        elif computed is not None:
+            kv = computed
+        elif printed is not None:
+            kv = printed
+            self.finding("dry_run_kv", f"the KV size comes from the auto-fit dry run ({_fmt(printed)} MiB); "
+                         "the real attempt did not print one")
+        elif failure["phase"] == "kv_cache" and failure["requested_mib"] is not None:
+            kv = failure["requested_mib"]
+            self.finding("kv_from_failed_buffer", "the log has no model parameters; the KV size is the failed KV "
+                         f"buffer ({_fmt(kv)} MiB), a lower bound when the KV spans several devices")
+        else:
+            kv = None
+        if printed is not None and computed is not None and not printed_dry and printed > 0 \
+                and abs(computed - printed) / printed > 0.005:
+            self.finding("kv_model_mismatch", f"kvreport's arithmetic gives {_fmt(computed)} MiB but the engine "
+                         f"printed {_fmt(printed)} MiB; the printed value is used")
+        if kv is None and f.sglang.get("kv_mib"):
+            kv = f.sglang["kv_mib"]
+        mem["kv_required_mib"] = _r2(kv)
+        real_rs = [r for r in f.rs_caches if not r.get("dry_run")]
+        if real_rs:
+            mem["rs_required_mib"] = _r2(real_rs[-1]["mib"])
+        elif size is not None and size.rs_bytes:
+            mem["rs_required_mib"] = _r2(size.rs_mib)
+        if size is not None and size.bytes_per_token:
+            mem["kv_mib_per_1k_tokens"] = _r2(size.bytes_per_token * 1024 / MIB)
+        fit = f.fit
+        if fit:
+            mem["fit"] = {"ran": bool(fit.get("ran")), "status": fit.get("status") or "unknown",
+                          "changed": dict(fit.get("changed") or {})}
+            ch = (fit.get("changed") or {}).get("n_ctx")
+            if ch:
+                self.finding("fit_changed_ctx", f"the engine's auto-fit lowered n_ctx from {ch[0]} to {ch[1]}")
+            if str(fit.get("status", "")).startswith("failed"):
+                self.finding("fit_failed", "the engine's auto-fit could not make the model fit and left the "
+                             "parameters as they were; the real load went ahead anyway", None)
+        budget_mib = self._kv_budget(failure, kv)
+        if shape is not None and cfg is not None and budget_mib is not None and budget_mib > 0:
+            share = self._kv_share(failure.get("failing_device"))
+            fits = {}
+            for t in ("f16", "q8_0", "q4_0"):
+                c = cfg.with_(cache_type_k=t, cache_type_v=t, flash_attn=True if t != "f16" else cfg.flash_attn)
+                fits[t] = int(kvcache.max_ctx_fit(shape, budget_mib * MIB / share, c))
+            mem["max_ctx_fit"] = fits
+        self.size, self.cfg, self.shape_obj, self.kvcache = size, cfg, shape, kvcache
+        self.budget_mib = budget_mib
+        return mem, cfg_d
+
+    def _kv_share(self, device: str | None) -> float:
+        """Fraction of the KV that lives on ``device`` (from the per-device KV buffer lines)."""
+        bufs = [b for b in self.f.kv_buffers if not b.get("dry_run")] or list(self.f.kv_buffers)
+        total = sum(b["mib"] for b in bufs)
+        if device and total > 0:
+            mine = sum(b["mib"] for b in bufs if b["device"] == device)
+            if mine > 0:
+                return mine / total
+        return 1.0
+
+    def _kv_budget(self, failure: dict, kv: float | None) -> float | None:
+        """MiB available to the KV cache on the failing device."""
+        free = getattr(self, "free_at_failure", None)
+        if free is None:
+            return None
+        if failure["phase"] == "kv_cache":
+            return free
+        if failure["phase"] == "compute_buffer" and failure["requested_mib"] is not None:
+            # the KV was already allocated there; it must leave room for the compute buffer
+            mine = kv * self._kv_share(failure.get("failing_device")) if kv else 0.0
+            return free + mine - failure["requested_mib"]
+        return None
+
+    # -- findings from the log
+    def log_findings(self, failure: dict, cfg_d: dict) -> None:
+        f = self.f
+        for w in f.warnings[:5]:
+            if "rounding down to" in w:
+                self.finding("ctx_inflated_by_parallel",
+                             "n_ctx is not divisible by the parallel slots: llama.cpp rounded each slot UP to a "
+                             "multiple of 256 cells (the warning says 'down')", w)
+            elif "> n_ctx_train" in w:
+                self.finding("ctx_exceeds_train", "the context per sequence is larger than the model was trained "
+                             "for", w)
+        n_train = to_int(f.hparams.get("n_ctx_train"))
+        if n_train and cfg_d.get("n_ctx") and "n_ctx" not in self.flags and self.flags and \
+                cfg_d["n_ctx"] >= n_train and failure["phase"] == "kv_cache":
+            self.finding("default_ctx", f"no -c was given, so llama.cpp used the model's full training context "
+                         f"({n_train} tokens)")
+        gate = f.vllm.get("gate")
+        if gate and gate.get("free_mib") is not None and gate.get("total_mib"):
+            other = gate["total_mib"] - gate["free_mib"]
+            self.finding("other_processes", f"{_fmt(other)} MiB of the {_fmt(gate['total_mib'])} MiB GPU were "
+                         "already in use by other processes at start-up")
+        for entry in self.b.get("devices") or []:
+            if isinstance(entry, dict) and entry.get("processes"):
+                names = ", ".join(str(p.get("name")) for p in entry["processes"][:5] if isinstance(p, dict))
+                self.finding("other_processes", f"processes on {entry.get('name') or 'a device'} before launch: {names}")
+
+    def run(self) -> dict:
+        engine = self.engine()
+        failure = self.failure()
+        mem, cfg_d = self.memory(failure)
+        self.log_findings(failure, cfg_d)
+        sig = signature({"engine": engine, **failure})
+        suggestions = fixes.suggest(self._situation(engine, failure, mem, cfg_d))
+        return {"analyzer_version": ANALYZER_VERSION, "engine": engine, "failure": failure, "memory": mem,
+                "findings": self.findings, "signature": sig, "suggestions": suggestions}
+
+    def _situation(self, engine: str, failure: dict, mem: dict, cfg_d: dict) -> fixes.Situation:
+        f = self.f
+        size, cfg, shape, kvcache = self.size, self.cfg, self.shape_obj, self.kvcache
+
+        def kv_at(n_ctx=None, n_seq=None, cache_type=None, kv_unified=None, swa_full=None):
+            if size is None:
+                return None
+            c = cfg
+            if n_ctx is not None:
+                c = c.with_(n_ctx=int(n_ctx))
+            if n_seq is not None:
+                c = c.with_(n_seq=int(n_seq))
+            if cache_type is not None:
+                c = c.with_(cache_type_k=cache_type, cache_type_v=cache_type, flash_attn=True)
+            if kv_unified is not None:
+                c = c.with_(kv_unified=kv_unified)
+            if swa_full is not None:
+                c = c.with_(swa_full=swa_full)
+            return round(kvcache.kv_size(shape, c).kv_mib, 2)
+
+        off = f.ctx.get("offloaded_layers")
+        names = {n for n in f.devices if backend_of_device(n) not in (None, "cpu")}
+        names |= {b["device"] for b in f.buffers if backend_of_device(b.get("device")) not in (None, "cpu")
+                  and not str(b.get("device")).endswith("_Host")}
+        n_req = self.flags.get("n_ctx") if isinstance(self.flags.get("n_ctx"), int) else None
+        return fixes.Situation(
+            engine=engine, phase=failure["phase"], backend=failure["backend"], verdict=failure["verdict"],
+            failing_device=failure["failing_device"], requested_mib=failure["requested_mib"],
+            free_mib=failure["free_mib"], free_at_failure_mib=getattr(self, "free_at_failure", None),
+            command=self.command or None, flags=self.flags, n_ctx=mem["inputs"].get("n_ctx") or cfg_d["n_ctx"],
+            n_ctx_requested=n_req, n_ctx_train=to_int(f.hparams.get("n_ctx_train")) or (shape.n_ctx_train if shape else None),
+            n_seq=cfg_d["n_seq"], kv_unified=cfg_d["kv_unified"], cache_type_k=cfg_d["cache_type_k"],
+            cache_type_v=cfg_d["cache_type_v"], flash_attn=cfg_d["flash_attn"], n_ubatch=cfg_d["n_ubatch"],
+            n_batch=cfg_d["n_batch"], swa_full=cfg_d["swa_full"], n_layer=mem["inputs"].get("n_layer"),
+            kv_mib=mem["kv_required_mib"], max_ctx_fit=mem["max_ctx_fit"], kv_at=kv_at, n_devices=len(names),
+            kv_update=self.kv_update, alloc_limit=self.limit,
+            offloaded_layers=to_int(str(off).split("/")[0]) if off else None, vllm=f.vllm, sglang=f.sglang,
+            weak=self.weak, has_memory_event=self.has_memory_event)
+
+
+def _r2(x) -> float | None:
+    return None if x is None else round(float(x), 2)
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "?"
+    return f"{float(x):,.2f}".rstrip("0").rstrip(".") if abs(float(x)) < 100 else f"{float(x):,.0f}"

@@ -1,0 +1,476 @@
+"""Fix rules: what to change, ranked as the playbook orders them and by effect.
+
+:func:`suggest` takes the situation :mod:`kvreport.analyze` worked out (engine, phase, verdict,
+sizes, the parsed command) and returns suggestions in design.md's vocabulary::
+
+    {"id": "reduce-ctx", "title": "...", "change": {"--ctx-size": 8192},
+     "command": "llama-server ... -c 8192" | None, "expected": "KV 1024 MiB of 1800 MiB free", "why": "..."}
+
+Order (reference/playbook.md, "The order in which to try fixes"): context, parallel slots, cache
+types, headroom (GPU layers, KV on host), the device that failed, the deepest error, regression.
+A rule may move up when the numbers show it is the cause (``--parallel`` inflating a small
+``-c`` to 256 cells per slot, ``--swa-full``, a single allocation over a backend limit, a compute
+buffer on a secondary GPU). Failures that are not about runtime buffers (bad file, unknown
+architecture, a refused option) get no memory suggestion. Every ``change`` names the engine's own
+knob: llama.cpp flags, Ollama environment variables / Modelfile parameters, vLLM and SGLang options.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+MEMORY_PHASES = ("kv_cache", "compute_buffer", "model_weights", "context", "kv_capacity", "memory_budget")
+
+
+@dataclass
+class Situation:
+    """What the rules look at. Sizes in MiB (2**20 bytes), contexts in tokens.
+
+    ``kv_at(n_ctx=None, n_seq=None, cache_type=None, kv_unified=None, swa_full=None) -> float | None``
+    gives the attention-KV MiB of a changed configuration (kvreport.kvcache arithmetic).
+    """
+
+    engine: str = "unknown"
+    phase: str = "unknown"
+    backend: str = "unknown"
+    verdict: str = "unknown"
+    failing_device: str | None = None
+    requested_mib: float | None = None
+    free_mib: float | None = None
+    free_at_failure_mib: float | None = None
+    command: dict | None = None
+    flags: dict = field(default_factory=dict)
+    n_ctx: int | None = None
+    n_ctx_requested: int | None = None
+    n_ctx_train: int | None = None
+    n_seq: int | None = None
+    kv_unified: bool | None = None
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    flash_attn: bool | None = None
+    n_ubatch: int | None = None
+    n_batch: int | None = None
+    swa_full: bool = False
+    n_layer: int | None = None
+    kv_mib: float | None = None
+    max_ctx_fit: dict | None = None
+    kv_at: object = None
+    n_devices: int = 0
+    kv_update: bool = False
+    alloc_limit: bool = False
+    offloaded_layers: int | None = None
+    vllm: dict = field(default_factory=dict)
+    sglang: dict = field(default_factory=dict)
+    weak: bool = False
+    has_memory_event: bool = False
+
+
+def _mib(x: float | None) -> str:
+    if x is None:
+        return "?"
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:,.2f}"
+
+
+def _pow2_below(n: int) -> int:
+    return 1 << max(8, int(math.log2(max(n, 256))))
+
+
+def _dev_index(name: str | None) -> int | None:
+    if not name:
+        return None
+    digits = "".join(ch for ch in name if ch.isdigit())
+    return int(digits) if digits and name[-1].isdigit() else None
+
+
+class _Builder:
+    def __init__(self, s: Situation):
+        self.s = s
+        self.items: list[tuple[float, dict]] = []
+        self.seen: set[str] = set()
+
+    def add(self, rank: float, sid: str, title: str, change: dict, expected: str, why: str) -> None:
+        if sid in self.seen:
+            return
+        self.seen.add(sid)
+        self.items.append((rank, {"id": sid, "title": title, "change": change,
+                                  "command": _command(self.s, change), "expected": expected, "why": why}))
+
+    def result(self, limit: int) -> list[dict]:
+        self.items.sort(key=lambda t: t[0])
+        return [d for _r, d in self.items[:limit]]
+
+
+def _command(s: Situation, change: dict) -> str | None:
+    if not s.command or not (s.command.get("argv") or s.command.get("line")):
+        return None
+    flag_changes = {k: v for k, v in change.items() if k.startswith("-") or k.isupper()}
+    if not flag_changes:
+        return None
+    try:
+        from kvreport.cmdline import with_changes
+
+        return with_changes(s.command, flag_changes)
+    except Exception:  # noqa: BLE001 - a command we cannot rewrite still gets the change itself
+        return None
+
+
+def _kv(s: Situation, **kw) -> float | None:
+    if not callable(s.kv_at):
+        return None
+    try:
+        return s.kv_at(**kw)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _is_ollama(s: Situation) -> bool:
+    return s.engine == "ollama"
+
+
+def _ctx_change(s: Situation, n: int) -> dict:
+    return {"OLLAMA_CONTEXT_LENGTH": n} if _is_ollama(s) else {"--ctx-size": n}
+
+
+# ------------------------------------------------------------------ llama.cpp family rules
+
+def _reduce_ctx(b: _Builder, rank: float) -> None:
+    s = b.s
+    cur = s.n_ctx or s.n_ctx_requested
+    if not cur:
+        if s.phase == "kv_cache" or s.kv_update:
+            b.add(rank, "reduce-ctx", "Ask for a smaller context", _ctx_change(s, 8192),
+                  "KV shrinks in proportion to the context (the log does not show the current context)",
+                  "The KV cache is n_ctx tokens x bytes per token; a smaller -c is the first lever (playbook step 1).")
+        return
+    fit = (s.max_ctx_fit or {}).get(_type_key(s.cache_type_k))
+    target = None
+    why_num = ""
+    if fit:
+        target = fit
+        why_num = f"the largest -c whose KV fits the {_mib(s.free_at_failure_mib)} MiB left on {s.failing_device}"
+    if target is None or target <= 0:
+        if s.n_ctx_train and cur > s.n_ctx_train:
+            target = s.n_ctx_train
+            why_num = f"the model's training context ({s.n_ctx_train})"
+        else:
+            target = _pow2_below(cur // 2) if cur > 512 else None
+            why_num = "half the current context, rounded to a power of two"
+    if s.n_ctx_train and target and target > s.n_ctx_train and cur > s.n_ctx_train:
+        target = s.n_ctx_train
+    if not target or target >= cur:
+        return
+    kv_new = _kv(s, n_ctx=target)
+    if kv_new is not None and s.kv_mib and kv_new >= s.kv_mib * 0.99:
+        return  # the context is not what sizes this cache (e.g. 256 cells per slot already)
+    budget = f" of {_mib(s.free_at_failure_mib)} MiB free" if s.free_at_failure_mib is not None else ""
+    expected = (f"KV {_mib(kv_new)} MiB{budget} (now {_mib(s.kv_mib)} MiB at n_ctx {cur})" if kv_new is not None
+                else f"context {target} instead of {cur}")
+    b.add(rank, "reduce-ctx", f"Lower the context to {target} tokens", _ctx_change(s, target), expected,
+          f"The KV cache grows linearly with the context; {target} is {why_num}. The number after -c is tokens, "
+          "not bytes, and the model's advertised maximum is not a promise that it fits (playbook step 1).")
+
+
+def _type_key(t: str | None) -> str:
+    return t if t in ("f16", "q8_0", "q4_0") else "f16"
+
+
+def _reduce_parallel(b: _Builder, rank: float) -> None:
+    s = b.s
+    if not s.n_seq or s.n_seq <= 1:
+        return
+    kv_new = _kv(s, n_seq=1, n_ctx=s.n_ctx_requested or s.n_ctx)
+    kv_unified = _kv(s, kv_unified=True, n_ctx=s.n_ctx_requested or s.n_ctx)
+    change = {"OLLAMA_NUM_PARALLEL": 1} if _is_ollama(s) else {"--parallel": 1}
+    alt = ""
+    if not _is_ollama(s) and s.kv_unified is False and kv_unified is not None:
+        alt = f" Keeping {s.n_seq} slots with --kv-unified (one shared stream) would need {_mib(kv_unified)} MiB."
+    b.add(rank, "reduce-parallel", f"Use 1 parallel slot instead of {s.n_seq}", change,
+          f"KV {_mib(kv_new)} MiB (now {_mib(s.kv_mib)} MiB with {s.n_seq} slots)" if kv_new is not None
+          else f"1 sequence instead of {s.n_seq}",
+          f"With {s.n_seq} slots and a non-unified cache each slot gets n_ctx/{s.n_seq} cells rounded UP to 256, so "
+          f"-c {s.n_ctx_requested or s.n_ctx} became {s.n_ctx} cells (playbook step 2).{alt}")
+
+
+def _quantize(b: _Builder, rank: float) -> None:
+    s = b.s
+    if (s.cache_type_k or "f16") not in ("f16", "f32", "bf16") and (s.cache_type_v or "f16") not in ("f16", "f32", "bf16"):
+        return
+    kv_new = _kv(s, cache_type="q8_0")
+    if _is_ollama(s):
+        change = {"OLLAMA_KV_CACHE_TYPE": "q8_0", "OLLAMA_FLASH_ATTENTION": 1}
+    else:
+        change = {"--cache-type-k": "q8_0", "--cache-type-v": "q8_0", "--flash-attn": "on"}
+    fit = (s.max_ctx_fit or {}).get("q8_0")
+    extra = f"; up to {fit} tokens would fit at q8_0" if fit else ""
+    b.add(rank, "quantize-kv-cache", "Store the KV cache as q8_0", change,
+          (f"KV {_mib(kv_new)} MiB instead of {_mib(s.kv_mib)} MiB{extra}" if kv_new is not None
+           else "about half the KV bytes of f16"),
+          "q8_0 stores 34 bytes per 32 values (1.06 B/value) against 2 for f16; a quantized V cache needs "
+          "flash attention (playbook step 3).")
+
+
+def _headroom(b: _Builder, rank: float) -> None:
+    s = b.s
+    if s.backend in ("cpu", "unknown") or _is_ollama(s):
+        return
+    kv = s.kv_mib
+    b.add(rank, "kv-cache-on-host", "Keep the KV cache in host memory", {"--no-kv-offload": True},
+          f"frees the KV ({_mib(kv)} MiB) from {s.failing_device or 'the GPU'}; decoding gets slower" if kv
+          else "the KV cache moves to host RAM; decoding gets slower",
+          "--no-kv-offload puts every layer's K/V in host memory, leaving device memory to weights and compute "
+          "buffers (playbook step 4).")
+
+
+def _reduce_layers(b: _Builder, rank: float, requested: float | None = None) -> None:
+    s = b.s
+    cur = s.flags.get("n_gpu_layers")
+    n = None
+    if isinstance(cur, int) and 0 < cur < 900:
+        n = max(0, int(cur * 0.75))
+    elif s.offloaded_layers:
+        n = max(0, int(s.offloaded_layers * 0.75))
+    elif s.n_layer:
+        if requested and s.free_at_failure_mib and requested > 0:
+            n = max(0, min(s.n_layer, int(s.n_layer * s.free_at_failure_mib / requested * 0.9)))
+        else:
+            n = s.n_layer // 2
+    if n is None:
+        n = 0 if s.backend == "cpu" else 20
+    change = {"num_gpu": n} if _is_ollama(s) else {"--n-gpu-layers": n}
+    where = "PARAMETER num_gpu in the Modelfile or the num_gpu request option" if _is_ollama(s) else "-ngl"
+    b.add(rank, "reduce-gpu-layers", f"Offload fewer layers to the GPU ({n})", change,
+          f"each layer kept on the host frees its weights and its KV from {s.failing_device or 'the GPU'}",
+          f"Fewer GPU layers ({where}) leave device memory for the KV cache and compute buffers; the KV of host "
+          "layers lives in host memory (playbook step 4).")
+
+
+def _rebalance(b: _Builder, rank: float) -> None:
+    s = b.s
+    idx = _dev_index(s.failing_device)
+    n = max(s.n_devices, (idx + 1) if idx is not None else 0)
+    if n < 2 or idx is None:
+        return
+    split = ["1"] * n
+    split[idx] = "0.5"
+    b.add(rank, "rebalance-devices", f"Move load off {s.failing_device}", {"--tensor-split": ",".join(split)},
+          f"{s.failing_device} gets about half its current share of layers (and their KV and compute)",
+          f"Each allocation lands on one device: {s.failing_device} ran out although the others may have room. "
+          "Give it a smaller --tensor-split share or move tensors off it with -ot (playbook step 5).")
+
+
+def _reduce_batch(b: _Builder, rank: float) -> None:
+    s = b.s
+    ub = s.n_ubatch or 512
+    new_ub = max(64, ub // 2 if ub > 512 else 256)
+    change = {"num_batch": new_ub} if _is_ollama(s) else {"--ubatch-size": new_ub}
+    if not _is_ollama(s) and s.n_batch and s.n_batch > 2048:
+        change["--batch-size"] = max(new_ub, 2048)
+    b.add(rank, "reduce-batch", f"Lower the micro-batch to {new_ub}", change,
+          f"the compute buffer shrinks roughly in proportion to -ub ({ub} -> {new_ub})",
+          "Compute (graph) buffers hold activations for n_ubatch tokens at a time; -ub is their main size lever.")
+
+
+def _flash(b: _Builder, rank: float) -> None:
+    s = b.s
+    if s.flash_attn is False:
+        change = {"OLLAMA_FLASH_ATTENTION": 1} if _is_ollama(s) else {"--flash-attn": "on"}
+        b.add(rank, "enable-flash-attn", "Turn flash attention on", change,
+              "the attention score tensor (n_head x n_kv x n_ubatch x 4 bytes) is no longer materialised",
+              "Without flash attention the compute buffer grows with the context; with it the growth is small.")
+
+
+def _alloc_limit(b: _Builder, rank: float) -> None:
+    s = b.s
+    ub = s.n_ubatch or 512
+    new_ub = max(64, ub // 2 if ub > 512 else 256)
+    b.add(rank, "work-around-alloc-limit", "Keep each single allocation under the backend's limit",
+          {"--ubatch-size": new_ub},
+          f"a compute buffer about {ub // new_ub}x smaller than {_mib(s.requested_mib)} MiB",
+          f"The {s.backend} driver refused one allocation of {_mib(s.requested_mib)} MiB because it exceeds its "
+          "per-allocation limit (e.g. Vulkan maxMemoryAllocationSize, often 4 GiB), not because memory ran out; "
+          "smaller -ub / -c keep the compute buffer under it (playbook step 6).")
+
+
+def _free_memory(b: _Builder, rank: float) -> None:
+    s = b.s
+    free = s.free_at_failure_mib if s.free_at_failure_mib is not None else s.free_mib
+    b.add(rank, "free-device-memory", f"Free memory on {s.failing_device or 'the device'}", {},
+          (f"{_mib(s.requested_mib)} MiB needed, {_mib(free)} MiB free" if s.requested_mib is not None and free is not None
+           else f"{_mib(s.requested_mib)} MiB more must be free" if s.requested_mib is not None
+           else "more free memory for the same configuration"),
+          "Other processes (another model, a desktop, earlier runs) hold memory on this device; stop them or run one at a time.")
+
+
+def _bisect(b: _Builder, rank: float) -> None:
+    s = b.s
+    b.add(rank, "bisect-regression", "Check a known-good build", {},
+          f"{_mib(s.requested_mib)} MiB requested with {_mib(s.free_at_failure_mib)} MiB free should have fit",
+          "When the request is well under the free memory, suspect a backend limit or a regression: try the same "
+          "configuration on an older build or another backend and report the known-good commit (playbook step 7).")
+
+
+def _smaller_model(b: _Builder, rank: float) -> None:
+    b.add(rank, "smaller-model-or-quant", "Use a smaller model or a smaller quantization", {},
+          "weights shrink with the quantization (e.g. Q4_K_M is about 60 % of Q8_0)",
+          "The weights alone do not fit the memory available for them.")
+
+
+def _llama_rules(b: _Builder) -> None:
+    s = b.s
+    if s.phase in ("kv_cache", "context"):
+        inflated = (s.n_seq or 1) > 1 and s.kv_unified is False and s.n_ctx and s.n_ctx_requested \
+            and s.n_ctx > s.n_ctx_requested * 1.25
+        if s.swa_full:
+            kv_new = _kv(s, swa_full=False)
+            b.add(0, "disable-swa-full", "Drop --swa-full", {"--swa-full": None},
+                  f"KV {_mib(kv_new)} MiB instead of {_mib(s.kv_mib)} MiB" if kv_new else "the SWA layers keep only their window",
+                  "--swa-full gives sliding-window layers a full-length cache; without it they keep n_swa + n_ubatch cells.")
+        if inflated:
+            _reduce_parallel(b, 0.5)
+        _reduce_ctx(b, 1)
+        if not inflated and s.kv_unified is False and (s.n_seq or 1) > 1:
+            _reduce_parallel(b, 2)
+        _quantize(b, 3)
+        if s.verdict == "fits_but_failed":
+            _bisect(b, 2.5)
+        _headroom(b, 4)
+        _rebalance(b, 5)
+        _free_memory(b, 6)
+    elif s.phase == "compute_buffer":
+        idx = _dev_index(s.failing_device)
+        if s.alloc_limit or s.verdict == "exceeds_alloc_limit":
+            _alloc_limit(b, 0)
+            _reduce_batch(b, 1)
+            _reduce_ctx(b, 2)
+        if s.kv_update:
+            _reduce_ctx(b, 0)
+        if _is_ollama(s):
+            _reduce_layers(b, 0.5)
+        if idx and idx > 0 and s.backend != "cpu":
+            _rebalance(b, 0.7)
+        _reduce_batch(b, 1)
+        _flash(b, 1.5)
+        _reduce_ctx(b, 2)
+        if s.backend not in ("cpu",):
+            _reduce_layers(b, 3)
+        if s.verdict == "fits_but_failed":
+            _bisect(b, 4)
+        _free_memory(b, 5)
+    elif s.phase == "model_weights":
+        if s.backend not in ("cpu", "unknown") and not (s.failing_device or "").endswith("_Host"):
+            _reduce_layers(b, 0, s.requested_mib)
+            _rebalance(b, 2)
+        _smaller_model(b, 1)
+        _free_memory(b, 3)
+    elif s.phase == "unknown" and s.has_memory_event:
+        if (s.n_ubatch or 0) >= 2048:
+            _reduce_batch(b, 0)
+            if s.backend == "vulkan":
+                _alloc_limit(b, 1)
+            _reduce_ctx(b, 2)
+        else:
+            if s.backend not in ("cpu",):
+                _reduce_layers(b, 0, s.requested_mib)
+            _reduce_ctx(b, 1)
+            if s.backend == "vulkan":
+                _alloc_limit(b, 2)
+        _free_memory(b, 5)
+
+
+# ------------------------------------------------------------------ vLLM / SGLang / TGI / others
+
+def _py_engine_rules(b: _Builder) -> None:
+    s = b.s
+    v = s.vllm or {}
+    sg = s.engine == "sglang"
+    util = s.flags.get("mem_fraction_static" if sg else "gpu_memory_utilization")
+    util_flag = "--mem-fraction-static" if sg else "--gpu-memory-utilization"
+    len_flag = "--context-length" if sg else "--max-model-len"
+    seqs_flag = "--max-running-requests" if sg else "--max-num-seqs"
+    max_len = s.flags.get("context_length" if sg else "max_model_len") or v.get("max_model_len")
+    if s.phase == "memory_budget":
+        gate = v.get("gate") or {}
+        _free_memory(b, 0)
+        if gate.get("free_mib") and gate.get("total_mib"):
+            new_util = math.floor((gate["free_mib"] / gate["total_mib"] - 0.02) * 100) / 100
+            b.add(1, "lower-gpu-memory-utilization", f"Lower {util_flag} to {new_util}", {util_flag: new_util},
+                  f"{_mib(gate['total_mib'] * new_util)} MiB budget of {_mib(gate['free_mib'])} MiB free",
+                  "vLLM refuses to start when the device has less free memory than utilization x total; a lower "
+                  "fraction fits next to the other processes (with a smaller KV pool).")
+        return
+    if s.phase in ("kv_capacity", "kv_cache"):
+        avail = v.get("available_kv_mib")
+        negative = avail is not None and avail <= 0
+        cur_util = util if isinstance(util, (int, float)) else (0.9 if not sg else None)
+        raise_change = {util_flag: round(min(0.95, (cur_util or 0.85) + 0.05), 2)}
+        if negative:
+            b.add(0, "raise-gpu-memory-utilization", f"Raise {util_flag}", raise_change,
+                  f"the KV pool was {_mib(avail)} MiB: weights and activations used the whole budget",
+                  "The KV pool is what is left of utilization x total after weights and the profiled peak; "
+                  "with nothing left, only a larger budget (or smaller weights / more GPUs) helps.")
+            _smaller_model(b, 1)
+            tp = s.flags.get("tensor_parallel_size") or 1
+            b.add(2, "more-devices", "Spread the model over more GPUs", {"--tensor-parallel-size": int(tp) * 2},
+                  "weights per GPU halve", "Tensor parallelism splits weights and KV heads across GPUs.")
+            return
+        target = v.get("estimated_max_len")
+        if not target and v.get("pool_tokens"):
+            target = int(v["pool_tokens"]) // 256 * 256
+        if not target and s.requested_mib and s.free_mib and max_len:
+            seqs = s.flags.get("max_num_seqs") or 1
+            per_tok = s.requested_mib / (float(max_len) * float(seqs))
+            target = int(s.free_mib / per_tok / float(seqs)) // 1024 * 1024 if per_tok > 0 else None
+        if target and max_len and target < int(max_len):
+            change = {len_flag: target}
+            b.add(0, "reduce-max-model-len", f"Lower {len_flag} to {target}", change,
+                  f"one request of {target} tokens fits the KV pool" + (f" ({_mib(avail)} MiB)" if avail else ""),
+                  "The engine needs room for at least one request of the maximum length in its KV pool.")
+        elif not sg:
+            b.add(0, "reduce-max-model-len", f"Lower {len_flag}", {len_flag: int(max_len) // 2} if max_len else {},
+                  "a shorter maximum request fits the KV pool", "The KV pool must hold one full-length request.")
+        if sg:
+            b.add(0.5, "raise-gpu-memory-utilization", f"Raise {util_flag}", raise_change,
+                  "a larger static pool for KV tokens",
+                  "SGLang sizes its token pool from --mem-fraction-static; the error asks for a larger fraction.")
+        else:
+            b.add(1, "raise-gpu-memory-utilization", f"Raise {util_flag}", raise_change,
+                  "a larger KV pool from the same GPU", "The KV pool is utilization x total minus weights and activations.")
+        seqs = s.flags.get("max_running_requests" if sg else "max_num_seqs")
+        if seqs and int(seqs) > 1:
+            b.add(1.5, "reduce-max-num-seqs", f"Lower {seqs_flag} to 1", {seqs_flag: 1},
+                  "KV for one sequence instead of several", "Each concurrent sequence reserves its own KV.")
+        b.add(2, "quantize-kv-cache", "Store the KV cache as fp8", {"--kv-cache-dtype": "fp8"},
+              "half the KV bytes of bf16", "fp8 KV halves the bytes per token.")
+        return
+    if s.phase == "compute_buffer" or (s.engine == "tgi" and s.phase == "unknown"):
+        if s.engine == "tgi":
+            cur = s.flags.get("max_batch_prefill_tokens")
+            new = int(cur) // 2 if isinstance(cur, int) and cur > 1 else 4096
+            b.add(0, "reduce-batch", f"Lower --max-batch-prefill-tokens to {new}", {"--max-batch-prefill-tokens": new},
+                  "a smaller warm-up prefill batch", "TGI warms up with a full prefill batch; it must fit next to the weights.")
+        else:
+            b.add(0, "reduce-batch", "Lower --max-num-batched-tokens", {"--max-num-batched-tokens": 2048},
+                  "smaller activation peak during profiling", "The profiled activation peak grows with the batched tokens.")
+        return
+    if s.phase == "model_weights":
+        _smaller_model(b, 0)
+        tp = s.flags.get("tensor_parallel_size") or 1
+        b.add(1, "more-devices", "Spread the model over more GPUs", {"--tensor-parallel-size": int(tp) * 2},
+              "weights per GPU halve", "Tensor parallelism splits the weights across GPUs.")
+
+
+def suggest(s: Situation, limit: int = 4) -> list[dict]:
+    """Ranked suggestions for a situation (at most ``limit``); [] when nothing failed or the
+    failure is not about memory."""
+    b = _Builder(s)
+    if s.phase not in MEMORY_PHASES and not (s.phase == "unknown" and (s.has_memory_event or s.engine == "tgi")):
+        return []
+    flags = s.flags or {}
+    py_like = s.engine in ("vllm", "sglang", "tgi") or (
+        s.engine == "unknown" and any(k in flags for k in ("max_model_len", "gpu_memory_utilization", "max_num_seqs")))
+    if py_like:
+        _py_engine_rules(b)
+    else:
+        _llama_rules(b)
+    return b.result(limit)

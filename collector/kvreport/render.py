@@ -1,0 +1,83 @@
+"""The short human summary of a diagnosis (what ``kvreport analyze`` / ``collect`` print)."""
+
+from __future__ import annotations
+
+_PHASE_WORDS = {
+    "kv_cache": "the KV cache allocation failed",
+    "compute_buffer": "a compute (graph) buffer allocation failed",
+    "model_weights": "loading the model weights failed",
+    "context": "the context could not be created (the log does not say which buffer)",
+    "kv_capacity": "the engine's KV pool is too small for its maximum request length",
+    "memory_budget": "the engine refused to start: its own memory check failed",
+    "none": "no failure found in this log",
+    "unknown": "a failure that is not about memory, or that the log does not place",
+}
+
+
+def _mib(x) -> str:
+    if x is None:
+        return "?"
+    x = float(x)
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:,.2f}"
+
+
+def render_text(diagnosis: dict, bundle: dict | None = None) -> str:
+    """A few lines for a terminal: what failed (device, MiB requested vs free), the KV numbers,
+    the largest contexts that fit, findings, then the ranked fixes with their command lines."""
+    d = diagnosis or {}
+    f = d.get("failure") or {}
+    m = d.get("memory") or {}
+    sig = d.get("signature") or {}
+    out = [f"kvreport: {sig.get('title') or d.get('engine', 'unknown')}"]
+    phase = f.get("phase") or "unknown"
+    out.append(f"  what:     {_PHASE_WORDS.get(phase, phase)}")
+    if phase != "none":
+        where = f.get("failing_device") or f.get("backend") or "?"
+        parts = [f"on {where}"]
+        if f.get("requested_mib") is not None:
+            parts.append(f"{_mib(f['requested_mib'])} MiB requested")
+        if f.get("free_mib") is not None:
+            parts.append(f"{_mib(f['free_mib'])} MiB free")
+        out.append("  failed:   " + ", ".join(parts) + f"  [{f.get('verdict') or 'unknown'}]")
+        if f.get("allocator_error"):
+            out.append(f"  deepest:  {f['allocator_error'][:200]}")
+        if f.get("final_error"):
+            out.append(f"  final:    {f['final_error'][:200]}")
+    inp = m.get("inputs") or {}
+    if m.get("kv_required_mib") is not None:
+        line = f"  KV cache: {_mib(m['kv_required_mib'])} MiB"
+        if inp.get("n_ctx"):
+            line += f" for n_ctx {inp['n_ctx']} tokens"
+            if inp.get("n_seq"):
+                line += f", {inp['n_seq']} seq"
+        if inp.get("cache_type_k"):
+            line += f" ({inp.get('cache_type_k')}/{inp.get('cache_type_v')})"
+        if m.get("kv_mib_per_1k_tokens") is not None:
+            line += f"; {_mib(m['kv_mib_per_1k_tokens'])} MiB per 1k tokens"
+        out.append(line)
+    if m.get("rs_required_mib"):
+        out.append(f"  state:    {_mib(m['rs_required_mib'])} MiB recurrent state (does not grow with the context)")
+    fits = m.get("max_ctx_fit")
+    if fits:
+        out.append("  fits:     " + " · ".join(f"{t} {n:,} tokens" for t, n in fits.items())
+                   + " (KV alone, in the memory left on the failing device)")
+    fit = m.get("fit")
+    if fit and fit.get("ran"):
+        ch = ", ".join(f"{k} {v[0]} -> {v[1]}" for k, v in (fit.get("changed") or {}).items())
+        out.append(f"  auto-fit: {fit.get('status')}" + (f" ({ch})" if ch else ""))
+    for fd in (d.get("findings") or [])[:6]:
+        out.append(f"  note:     {fd.get('text')}")
+    sugg = d.get("suggestions") or []
+    if sugg:
+        out.append("Fixes, most likely first:")
+        for i, s in enumerate(sugg, 1):
+            out.append(f"  {i}. {s.get('title')}  [{s.get('id')}]")
+            if s.get("command"):
+                out.append(f"     $ {s['command']}")
+            elif s.get("change"):
+                out.append("     change: " + " ".join(f"{k} {v}" for k, v in s["change"].items()))
+            if s.get("expected"):
+                out.append(f"     expected: {s['expected']}")
+    elif phase not in ("none",):
+        out.append("No memory fix applies: read the final error above.")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,81 @@
+"""Failure signatures: the key that groups bundles into clusters on the server (scheme 1).
+
+The key is ``<engine>/<phase>/<backend>/<verdict>``, e.g. ``llama.cpp/kv_cache/cuda/exceeds_free``:
+
+* ``engine``: the program family that failed ("llama.cpp", "ollama", "vllm", "sglang", "tgi",
+  "unknown"). Ollama keeps its own part although it runs llama.cpp: its users change other knobs.
+* ``phase``: which runtime buffer failed, in design.md's vocabulary (kv_cache, compute_buffer,
+  model_weights, context, kv_capacity, memory_budget, none, unknown). It comes from what the
+  engine says the buffer was for, never from the wording of one build, so the same failure
+  printed by an old (``llama_kv_cache_init: failed to allocate buffer for kv cache``) and a new
+  build (``llama_init_from_model: failed to initialize the context: failed to allocate buffer for
+  kv cache``) gets one key.
+* ``backend``: the backend family (cuda, rocm, vulkan, metal, sycl, cpu, openvino, cann, unknown);
+  host buffers of a GPU backend (``CUDA_Host``) belong to that backend's family.
+* ``verdict``: how the request compared with what the device had (exceeds_free,
+  exceeds_alloc_limit, fits_but_failed, unknown).
+
+Never part of the key: numbers (sizes, contexts, build numbers), paths, device indices, model
+names, host names. ``id`` is the first 12 hex digits of SHA-256 over ``"kvreport-sig/<scheme>:<key>"``,
+stable across runs and machines. A change to the rules that would move existing bundles to other
+keys must raise :data:`SCHEME`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+SCHEME = 1
+"""Version of the signature rules; bump it whenever a key part changes meaning."""
+
+ENGINES = ("llama.cpp", "ollama", "vllm", "sglang", "tgi", "unknown")
+PHASES = ("kv_cache", "compute_buffer", "model_weights", "context", "kv_capacity", "memory_budget", "none", "unknown")
+BACKENDS = ("cuda", "rocm", "vulkan", "metal", "sycl", "cpu", "openvino", "cann", "unknown")
+VERDICTS = ("exceeds_free", "exceeds_alloc_limit", "fits_but_failed", "unknown")
+
+_ENGINE_TITLE = {"llama.cpp": "llama.cpp", "ollama": "Ollama", "vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI",
+                 "unknown": "unknown engine"}
+_PHASE_TITLE = {"kv_cache": "KV cache", "compute_buffer": "compute buffer", "model_weights": "model weights",
+                "context": "context creation", "kv_capacity": "KV pool too small", "memory_budget": "memory budget check",
+                "none": "no failure", "unknown": "unplaced failure"}
+_BACKEND_TITLE = {"cuda": "CUDA", "rocm": "ROCm", "vulkan": "Vulkan", "metal": "Metal", "sycl": "SYCL", "cpu": "CPU",
+                  "openvino": "OpenVINO", "cann": "CANN", "unknown": "unknown backend"}
+_VERDICT_TITLE = {"exceeds_free": "request exceeded free memory",
+                  "exceeds_alloc_limit": "request exceeded the backend's allocation limit",
+                  "fits_but_failed": "request fit the free memory but failed",
+                  "unknown": "free memory not known"}
+
+
+def _norm(value, allowed: tuple[str, ...]) -> str:
+    v = str(value or "unknown").strip().lower()
+    if v == "llama.cpp":
+        return v
+    return v if v in allowed else "unknown"
+
+
+def signature(facts: dict) -> dict:
+    """The signature of a diagnosis.
+
+    ``facts``: a dict with ``engine``, ``phase``, ``backend``, ``verdict`` (a diagnosis'
+    ``failure`` section plus its ``engine`` works). Missing or unknown values become ``unknown``.
+    Returns ``{"id", "key", "title", "scheme", "notes"}``.
+    """
+    engine = _norm(facts.get("engine"), ENGINES)
+    phase = _norm(facts.get("phase"), PHASES)
+    backend = _norm(facts.get("backend"), BACKENDS)
+    verdict = _norm(facts.get("verdict"), VERDICTS)
+    if phase == "none":
+        backend, verdict = "unknown", "unknown"
+    key = f"{engine}/{phase}/{backend}/{verdict}"
+    sid = hashlib.sha256(f"kvreport-sig/{SCHEME}:{key}".encode()).hexdigest()[:12]
+    title = " · ".join((_ENGINE_TITLE[engine], _PHASE_TITLE[phase], _BACKEND_TITLE[backend], _VERDICT_TITLE[verdict]))
+    notes = [
+        f"engine '{engine}': the program family whose log this is (Ollama keeps its own part: its knobs differ)",
+        f"phase '{phase}': the buffer the engine says failed, independent of how a given build words it",
+        f"backend '{backend}': the backend family of the failing buffer (host buffers of a GPU backend count as that backend)",
+        f"verdict '{verdict}': the requested size against the free memory or allocation limit the bundle shows",
+        "numbers, paths, device indices and model names are left out so that the same failure groups together",
+    ]
+    if phase == "none":
+        notes.append("nothing failed, so backend and verdict are not part of the key")
+    return {"id": sid, "key": key, "title": title, "scheme": SCHEME, "notes": notes}
