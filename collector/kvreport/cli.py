@@ -176,19 +176,25 @@ def issue(path: str, url: str | None) -> None:
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--database-url", envvar="KVREPORT_DATABASE_URL",
               help="SQLAlchemy URL (default: SQLite in the user data directory).")
-def serve(host: str, port: int, database_url: str | None) -> None:
+@click.option("--demo", is_flag=True, help="Store the bundled example bundles at start (a browsable demo).")
+def serve(host: str, port: int, database_url: str | None, demo: bool) -> None:
     """Run the kvreport server on this machine (migrations are applied on start)."""
+    cli_entry = _server_cli()
+    sys.exit(cli_entry.serve(host=host, port=port, database_url=database_url, demo=demo))
+
+
+def _server_cli():
     try:
         from kvreport_server import cli_entry
     except ImportError as exc:
         raise KvreportError(f"the server is not installed ({exc.name} missing)",
                             hint="pip install 'kvreport[server]'") from None
-    sys.exit(cli_entry.serve(host=host, port=port, database_url=database_url))
+    return cli_entry
 
 
 @main.group(cls=_Group, context_settings=CONTEXT_SETTINGS)
 def admin() -> None:
-    """Server administration: API tokens."""
+    """Server administration: API tokens, maintainers' accounts, re-analysis."""
 
 
 @admin.command("create-token", context_settings=CONTEXT_SETTINGS)
@@ -197,8 +203,7 @@ def admin() -> None:
 @click.option("--database-url", envvar="KVREPORT_DATABASE_URL", help="The server's database URL.")
 def create_token(name: str, scope: str, database_url: str | None) -> None:
     """Create an API token and print it once, alone on one line (stored hashed)."""
-    from kvreport_server import cli_entry
-
+    cli_entry = _server_cli()
     sys.exit(cli_entry.create_token(name=name, scope=scope, database_url=database_url))
 
 
@@ -207,9 +212,29 @@ def create_token(name: str, scope: str, database_url: str | None) -> None:
 @click.option("--database-url", envvar="KVREPORT_DATABASE_URL", help="The server's database URL.")
 def revoke_token(name: str, database_url: str | None) -> None:
     """Revoke every active token with this name."""
-    from kvreport_server import cli_entry
-
+    cli_entry = _server_cli()
     sys.exit(cli_entry.revoke_token(name=name, database_url=database_url))
+
+
+@admin.command("create-user", context_settings=CONTEXT_SETTINGS)
+@click.argument("username")
+@click.option("--password", envvar="KVREPORT_PASSWORD",
+              help="The password (else KVREPORT_PASSWORD, else asked twice on the terminal).")
+@click.option("--database-url", envvar="KVREPORT_DATABASE_URL", help="The server's database URL.")
+def create_user(username: str, password: str | None, database_url: str | None) -> None:
+    """Create a maintainer who signs in to the web pages (sets known fixes, issue links, status)."""
+    cli_entry = _server_cli()
+    sys.exit(cli_entry.create_user(username=username, password=password, database_url=database_url))
+
+
+@admin.command("reanalyze", context_settings=CONTEXT_SETTINGS)
+@click.option("--batch-size", type=click.IntRange(1, 10000), default=200, show_default=True)
+@click.option("--max-batches", type=click.IntRange(min=1), default=None, help="Stop after this many batches.")
+@click.option("--database-url", envvar="KVREPORT_DATABASE_URL", help="The server's database URL.")
+def reanalyze(batch_size: int, max_batches: int | None, database_url: str | None) -> None:
+    """Re-run the analyzer over stored bundles of an older analyzer version (resumable)."""
+    cli_entry = _server_cli()
+    sys.exit(cli_entry.reanalyze(database_url=database_url, batch_size=batch_size, max_batches=max_batches))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,25 @@
+"""Helpers shared by the API views: documented error responses and cluster references."""
+
+from __future__ import annotations
+
+from kvreport_server.models import Cluster
+from kvreport_server.queries import cluster_dict
+from kvreport_server.schemas import ApiErrorSchema
+from kvreport_server.urls import cluster_url
+
+
+def error_responses(blp, *codes: int):
+    """Document ``codes`` as ``{"error": ...}`` responses of a view."""
+
+    def deco(fn):
+        for code in codes:
+            fn = blp.alt_response(code, schema=ApiErrorSchema, description="error")(fn)
+        return fn
+
+    return deco
+
+
+def cluster_ref(c: Cluster) -> dict:
+    d = cluster_dict(c)
+    return {"id": d["id"], "key": d["key"], "title": d["title"], "count": d["count"], "status": d["status"],
+            "known_fix": d["known_fix"], "issue_url": d["issue_url"], "url": cluster_url(c.id)}

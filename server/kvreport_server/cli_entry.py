@@ -1,0 +1,202 @@
+"""What `kvreport serve` and `kvreport admin …` run (collector/kvreport/cli.py declares the options).
+
+Each function returns the process exit status: 0 done, 2 bad input or unusable database (one
+line on stderr, never a traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from kvreport_server.config import resolve_database_url
+
+
+def _err(message: str) -> int:
+    print(f"kvreport: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _note(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _migrated(database_url: str | None) -> str:
+    """Resolve the URL and apply the migrations (raises ``RuntimeError`` with one line)."""
+    from kvreport_server import migrate
+
+    url = resolve_database_url(database_url)
+    try:
+        migrate.upgrade(url)
+    except FileNotFoundError as exc:
+        raise RuntimeError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - a database that cannot be reached or migrated
+        raise RuntimeError(f"cannot prepare the database {_safe_url(url)}: {type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+    return url
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001
+        return "<database>"
+
+
+def examples_dir() -> Path:
+    import kvreport
+
+    return Path(kvreport.__file__).resolve().parent / "examples"
+
+
+def load_examples(db, folder: Path | None = None) -> tuple[int, int]:
+    """Store every example bundle (``collector/kvreport/examples/*.json``); returns (stored, skipped)."""
+    from kvreport.bundle import BundleError, validate_bundle
+
+    from kvreport_server import store
+    from kvreport_server.errors import ApiError
+
+    folder = folder or examples_dir()
+    stored = skipped = 0
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            bundle = validate_bundle(json.loads(path.read_text(encoding="utf-8")))
+            result = store.ingest(db, bundle, size_bytes=path.stat().st_size)
+        except (OSError, ValueError, BundleError, ApiError) as exc:
+            _note(f"kvreport: demo: skipped {path.name}: {str(exc).splitlines()[0][:200]}")
+            skipped += 1
+            continue
+        stored += result.status == 201
+    return stored, skipped
+
+
+def serve(host: str, port: int, database_url: str | None, demo: bool = False, threads: int = 8) -> int:
+    """Apply the migrations, then serve the app with waitress on ``host:port`` until interrupted."""
+    try:
+        url = _migrated(database_url)
+    except RuntimeError as exc:
+        return _err(str(exc))
+    from kvreport_server import create_app
+
+    try:
+        app = create_app({"DATABASE_URL": url})
+    except ValueError as exc:
+        return _err(str(exc))
+    if demo:
+        stored, skipped = load_examples(app.extensions["kvreport_db"])
+        _note(f"kvreport: demo: {stored} example bundle(s) stored"
+              + (f", {skipped} skipped" if skipped else "") + f" from {examples_dir()}")
+    from waitress import create_server
+
+    try:
+        server = create_server(app, host=host, port=port, threads=threads, ident="kvreport",
+                               max_request_body_size=int(app.config["MAX_BODY_BYTES"]) + 65536)
+    except OSError as exc:
+        return _err(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+    real_port = server.effective_port
+    _note(f"kvreport: serving on http://{host}:{real_port}/ (database {_safe_url(url)}); Ctrl+C stops")
+    sys.stderr.flush()
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return 0
+
+
+def _session_for(database_url: str | None):
+    from kvreport_server.db import Database
+
+    url = _migrated(database_url)
+    return Database(url)
+
+
+def create_token(name: str, scope: str, database_url: str | None) -> int:
+    """Create a token; print it alone on one stdout line (notes on stderr)."""
+    from kvreport_server import auth
+
+    try:
+        db = _session_for(database_url)
+    except RuntimeError as exc:
+        return _err(str(exc))
+    try:
+        with db.Session() as session, session.begin():
+            token = auth.new_token(session, name, scope)
+    except ValueError as exc:
+        return _err(str(exc))
+    finally:
+        db.dispose()
+    _note(f"kvreport: token {name!r} with scope {scope} created; it is shown only once:")
+    print(token, flush=True)
+    return 0
+
+
+def revoke_token(name: str, database_url: str | None) -> int:
+    """Revoke every active token called ``name``; exit 2 when there is none."""
+    from kvreport_server import auth
+
+    try:
+        db = _session_for(database_url)
+    except RuntimeError as exc:
+        return _err(str(exc))
+    try:
+        with db.Session() as session, session.begin():
+            n = auth.revoke_tokens(session, name)
+    finally:
+        db.dispose()
+    if n == 0:
+        return _err(f"no active token named {name!r}")
+    _note(f"kvreport: revoked {n} token(s) named {name!r}")
+    return 0
+
+
+def create_user(username: str, password: str | None, database_url: str | None) -> int:
+    """Create a maintainer account (password from the argument, else KVREPORT_PASSWORD, else a prompt)."""
+    import getpass
+    import os
+
+    from kvreport_server import auth
+
+    password = password or os.environ.get("KVREPORT_PASSWORD")
+    if not password:
+        if not sys.stdin.isatty():
+            return _err("no password: pass --password, set KVREPORT_PASSWORD or run in a terminal")
+        password = getpass.getpass("Password: ")
+        if getpass.getpass("Again: ") != password:
+            return _err("the passwords differ")
+    try:
+        db = _session_for(database_url)
+    except RuntimeError as exc:
+        return _err(str(exc))
+    try:
+        with db.Session() as session, session.begin():
+            auth.create_user(session, username, password)
+    except ValueError as exc:
+        return _err(str(exc))
+    finally:
+        db.dispose()
+    _note(f"kvreport: maintainer {username!r} created")
+    return 0
+
+
+def reanalyze(database_url: str | None, batch_size: int = 200, max_batches: int | None = None) -> int:
+    """Re-run the analyzer over bundles of an older ``analyzer_version`` (resumable)."""
+    from kvreport_server import analysis, store
+
+    try:
+        db = _session_for(database_url)
+    except RuntimeError as exc:
+        return _err(str(exc))
+    try:
+        stats = store.reanalyze(db, batch_size=batch_size, max_batches=max_batches,
+                                progress=lambda s: _note(f"kvreport: reanalyze: {s['seen']} bundles, "
+                                                         f"{s['moved']} moved"))
+    finally:
+        db.dispose()
+    _note(f"kvreport: reanalyze: analyzer {analysis.analyzer_version()}: {stats['seen']} bundles re-analyzed, "
+          f"{stats['moved']} moved to another cluster, {stats['remaining']} remaining")
+    return 0

@@ -1,0 +1,87 @@
+"""Server configuration: every setting comes from an environment variable (docs/server.md).
+
+``load_config(overrides)`` returns a plain dict; ``create_app(config)`` merges a caller's dict over
+it (tests pass ``{"DATABASE_URL": ..., ...}``). Sizes are bytes, times are seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+DEFAULTS: dict[str, object] = {
+    "DATABASE_URL": None,            # KVREPORT_DATABASE_URL; None = SQLite in the user data dir
+    "PRIVATE": False,                # KVREPORT_PRIVATE=1: every read needs a signed-in user or a token
+    "SECRET_KEY": None,              # KVREPORT_SECRET_KEY; random per process when unset (sessions then die on restart)
+    "PUBLIC_URL": None,              # KVREPORT_PUBLIC_URL: base of permalinks (else the request's host URL)
+    "ISSUE_REPO": None,              # KVREPORT_ISSUE_REPO: "owner/name" for the "Open an issue" link
+    "MAX_BODY_BYTES": 5 * 2**20,     # KVREPORT_MAX_BODY_BYTES: request body as sent (compressed)
+    "MAX_JSON_BYTES": 20 * 2**20,    # KVREPORT_MAX_JSON_BYTES: after gzip decompression
+    "MAX_JSON_DEPTH": 32,            # KVREPORT_MAX_JSON_DEPTH: nesting of objects/arrays
+    "MAX_STRING_CHARS": 65536,       # KVREPORT_MAX_STRING_CHARS: any single string
+    "MAX_LOG_LINES": 20000,          # KVREPORT_MAX_LOG_LINES: entries of log.lines
+    "MAX_DEVICES": 64,               # KVREPORT_MAX_DEVICES: entries of devices
+    "SECRETS_POLICY": "refuse",      # KVREPORT_SECRETS_POLICY: refuse | flag (server's second redaction pass)
+    "RATE_LIMIT_UPLOAD": None,       # KVREPORT_RATE_LIMIT_UPLOAD, e.g. "120/minute" per token (off when unset)
+    "RATE_LIMIT_READ": None,         # KVREPORT_RATE_LIMIT_READ, e.g. "600/minute" per client (off when unset)
+    "RATE_LIMIT_STORAGE": "memory://",  # KVREPORT_RATE_LIMIT_STORAGE (Flask-Limiter storage URI)
+    "SECURE_COOKIES": None,          # KVREPORT_SECURE_COOKIES=1 behind TLS (default: on when PUBLIC_URL is https)
+    "TRUST_PROXY": 0,                # KVREPORT_TRUST_PROXY: number of proxies in front (X-Forwarded-*)
+    "PAGE_SIZE": 50,                 # KVREPORT_PAGE_SIZE: default clusters per page
+    "LOG_REQUESTS": True,            # KVREPORT_LOG_REQUESTS=0 turns the JSON request log off
+}
+
+_INT_KEYS = {"MAX_BODY_BYTES", "MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_STRING_CHARS", "MAX_LOG_LINES",
+             "MAX_DEVICES", "TRUST_PROXY", "PAGE_SIZE"}
+_BOOL_KEYS = {"PRIVATE", "SECURE_COOKIES", "LOG_REQUESTS"}
+
+
+def _parse_bool(text: str) -> bool:
+    return text.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def load_config(environ: dict | None = None) -> dict:
+    """The defaults overlaid with every ``KVREPORT_<KEY>`` variable found in ``environ``.
+
+    Raises ``ValueError`` with one line naming the variable when a number cannot be parsed.
+    """
+    env = os.environ if environ is None else environ
+    cfg = dict(DEFAULTS)
+    for key in DEFAULTS:
+        raw = env.get(f"KVREPORT_{key}")
+        if raw is None or raw == "":
+            continue
+        if key in _INT_KEYS:
+            try:
+                cfg[key] = int(raw)
+            except ValueError:
+                raise ValueError(f"KVREPORT_{key} must be an integer, not {raw!r}") from None
+        elif key in _BOOL_KEYS:
+            cfg[key] = _parse_bool(raw)
+        else:
+            cfg[key] = raw
+    return cfg
+
+
+def default_database_url() -> str:
+    """SQLite file ``kvreport.sqlite3`` in the user data directory (platformdirs), created if needed."""
+    from platformdirs import user_data_dir
+
+    folder = Path(user_data_dir("kvreport", appauthor=False))
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'kvreport.sqlite3'}"
+
+
+def resolve_database_url(url: str | None) -> str:
+    """``url``, else ``KVREPORT_DATABASE_URL``, else the SQLite default; ``postgres://`` and
+    ``postgresql://`` are mapped to the psycopg 3 driver."""
+    url = url or os.environ.get("KVREPORT_DATABASE_URL") or default_database_url()
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            url = "postgresql+psycopg://" + url[len(prefix):]
+    return url
+
+
+def random_secret() -> str:
+    return secrets.token_urlsafe(32)

@@ -1,0 +1,179 @@
+"""Read-side queries shared by the API and the pages (no request objects here).
+
+The clusters list reads only ``clusters`` plus small per-page lookups into ``cluster_facets`` and
+``cluster_days`` (indexed), never the bundles table, so its cost does not grow with bundles.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import and_, exists, func, or_, select
+from sqlalchemy.orm import Session
+
+from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet
+from kvreport_server.store import as_utc
+
+SPARK_DAYS = 30
+SORTS = ("count", "last_seen", "first_seen", "trend", "machines")
+LIST_FACETS = ("backend", "gpu", "engine_version")
+
+
+def _like(text: str) -> str:
+    esc = text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{esc}%"
+
+
+def _facet_match(kind: str | tuple[str, ...], text: str):
+    kinds = (kind,) if isinstance(kind, str) else kind
+    f = ClusterFacet
+    return exists().where(f.cluster_id == Cluster.id, f.kind.in_(kinds),
+                          func.lower(f.value).like(_like(text), escape="\\"))
+
+
+def _today() -> dt.date:
+    return dt.datetime.now(dt.timezone.utc).date()
+
+
+def list_clusters(session: Session, *, engine=None, backend=None, phase=None, verdict=None, version=None,
+                  gpu=None, status=None, q=None, sort="count", page=1, per_page=50,
+                  include_empty=False) -> tuple[list[dict], int]:
+    """A page of clusters as dicts (``cluster_dict`` plus ``sparkline``, ``facets`` top values, ``trend``)."""
+    conds = []
+    if not include_empty:
+        conds.append(Cluster.count > 0)
+    for col, val in ((Cluster.engine, engine), (Cluster.backend, backend), (Cluster.phase, phase),
+                     (Cluster.verdict, verdict), (Cluster.status, status)):
+        if val:
+            conds.append(col == val)
+    if version:
+        conds.append(_facet_match("engine_version", version))
+    if gpu:
+        conds.append(_facet_match("gpu", gpu))
+    if q:
+        conds.append(or_(func.lower(Cluster.title).like(_like(q), escape="\\"),
+                         func.lower(Cluster.key).like(_like(q), escape="\\"),
+                         _facet_match(("model", "error", "gpu"), q)))
+    where = and_(*conds) if conds else True
+    total = session.execute(select(func.count()).select_from(Cluster).where(where)).scalar_one()
+
+    today = _today()
+    d = ClusterDay
+    recent = (select(func.coalesce(func.sum(d.count), 0)).where(d.cluster_id == Cluster.id,
+              d.day > today - dt.timedelta(days=7)).correlate(Cluster).scalar_subquery())
+    before = (select(func.coalesce(func.sum(d.count), 0)).where(
+        d.cluster_id == Cluster.id, d.day <= today - dt.timedelta(days=7),
+        d.day > today - dt.timedelta(days=14)).correlate(Cluster).scalar_subquery())
+    order = {
+        "count": [Cluster.count.desc(), Cluster.last_seen.desc()],
+        "last_seen": [Cluster.last_seen.desc()],
+        "first_seen": [Cluster.first_seen.desc()],
+        "machines": [Cluster.machines.desc(), Cluster.count.desc()],
+        "trend": [(recent - before).desc(), Cluster.count.desc()],
+    }.get(sort, [Cluster.count.desc()])
+    rows = session.execute(select(Cluster).where(where).order_by(*order, Cluster.id)
+                           .offset((page - 1) * per_page).limit(per_page)).scalars().all()
+    ids = [c.id for c in rows]
+    sparks = sparklines(session, ids, today)
+    tops = top_facets(session, ids, LIST_FACETS, per_kind=5)
+    items = []
+    for c in rows:
+        item = cluster_dict(c)
+        item["sparkline"] = sparks.get(c.id, [0] * SPARK_DAYS)
+        item["trend"] = sum(item["sparkline"][-7:]) - sum(item["sparkline"][-14:-7])
+        facets = tops.get(c.id, {})
+        item["backends"] = [v for v, _n in facets.get("backend", [])]
+        item["gpus"] = [v for v, _n in facets.get("gpu", [])]
+        item["engine_versions"] = [v for v, _n in facets.get("engine_version", [])]
+        items.append(item)
+    return items, total
+
+
+def sparklines(session: Session, ids: list[int], today: dt.date | None = None) -> dict[int, list[int]]:
+    """Per-day counts over the last 30 days (oldest first) for each cluster id."""
+    if not ids:
+        return {}
+    today = today or _today()
+    start = today - dt.timedelta(days=SPARK_DAYS - 1)
+    out = {i: [0] * SPARK_DAYS for i in ids}
+    for cid, day, n in session.execute(select(ClusterDay.cluster_id, ClusterDay.day, ClusterDay.count)
+                                       .where(ClusterDay.cluster_id.in_(ids), ClusterDay.day >= start)):
+        idx = (day - start).days
+        if 0 <= idx < SPARK_DAYS:
+            out[cid][idx] = n
+    return out
+
+
+def top_facets(session: Session, ids: list[int], kinds, per_kind: int = 10) -> dict[int, dict[str, list]]:
+    """``{cluster_id: {kind: [(value, count)...]}}``, most frequent first, at most ``per_kind`` each."""
+    if not ids:
+        return {}
+    out: dict[int, dict[str, list]] = {}
+    rows = session.execute(select(ClusterFacet.cluster_id, ClusterFacet.kind, ClusterFacet.value, ClusterFacet.count)
+                           .where(ClusterFacet.cluster_id.in_(ids), ClusterFacet.kind.in_(list(kinds)))
+                           .order_by(ClusterFacet.cluster_id, ClusterFacet.kind, ClusterFacet.count.desc(),
+                                     ClusterFacet.value))
+    for cid, kind, value, n in rows:
+        lst = out.setdefault(cid, {}).setdefault(kind, [])
+        if len(lst) < per_kind:
+            lst.append((value, n))
+    return out
+
+
+def iso(value: dt.datetime | None) -> str | None:
+    value = as_utc(value)
+    return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+def cluster_dict(c: Cluster) -> dict:
+    return {
+        "id": c.id, "key": c.key, "scheme": c.scheme, "signature_id": c.signature_id, "title": c.title,
+        "engine": c.engine, "phase": c.phase, "backend": c.backend, "verdict": c.verdict,
+        "count": c.count, "machines": c.machines, "first_seen": iso(c.first_seen), "last_seen": iso(c.last_seen),
+        "min_build": c.min_build, "max_build": c.max_build, "first_version": c.first_version,
+        "status": c.status, "known_fix": c.known_fix, "issue_url": c.issue_url,
+    }
+
+
+def bundle_summary(b: Bundle) -> dict:
+    failure = (b.diagnosis or {}).get("failure") or {}
+    return {
+        "id": b.id, "received_at": iso(b.received_at), "created_at": b.created_at,
+        "engine": b.engine_name, "engine_version": b.engine_version, "build_number": b.build_number,
+        "backend": b.backend, "gpu": b.gpu, "model": b.model_name, "n_ctx": b.n_ctx,
+        "phase": b.phase, "verdict": b.verdict,
+        "requested_mib": _num(failure.get("requested_mib")), "free_mib": _num(failure.get("free_mib")),
+    }
+
+
+def _num(v):
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def regression(session: Session, c: Cluster) -> dict:
+    """First build this signature appears in, and how many bundles of earlier builds of the same
+    engine the server holds ("first seen in b6xxx; 0 of 140 bundles from earlier builds")."""
+    if c.min_build is None:
+        return {"first_build": None, "first_version": c.first_version, "earlier_bundles": None}
+    earlier = session.execute(select(func.count()).select_from(Bundle).where(
+        Bundle.engine_name == c.engine, Bundle.build_number < c.min_build)).scalar_one()
+    return {"first_build": c.min_build, "first_version": c.first_version, "earlier_bundles": earlier}
+
+
+def cluster_detail(session: Session, cluster_id: int, newest: int = 20) -> dict | None:
+    """One cluster with facet tables, suggestion counts, regression view and its newest bundles."""
+    c = session.get(Cluster, cluster_id)
+    if c is None:
+        return None
+    out = cluster_dict(c)
+    kinds = ("engine_version", "gpu", "model", "backend", "n_ctx", "suggestion")
+    facets = top_facets(session, [c.id], kinds, per_kind=50).get(c.id, {})
+    out["facets"] = {k: [{"value": v, "count": n} for v, n in facets.get(k, [])] for k in kinds}
+    if facets.get("n_ctx"):
+        out["facets"]["n_ctx"].sort(key=lambda x: int(x["value"]) if x["value"].isdigit() else 0)
+    out["sparkline"] = sparklines(session, [c.id]).get(c.id, [0] * SPARK_DAYS)
+    out["regression"] = regression(session, c)
+    rows = session.execute(select(Bundle).where(Bundle.cluster_id == c.id)
+                           .order_by(Bundle.received_at.desc(), Bundle.id.desc()).limit(newest)).scalars().all()
+    out["bundles"] = [bundle_summary(b) for b in rows]
+    return out

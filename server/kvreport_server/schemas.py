@@ -1,0 +1,163 @@
+"""marshmallow schemas of the HTTP API (they also write the OpenAPI document)."""
+
+from __future__ import annotations
+
+from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate, validates
+
+from kvreport_server.models import CLUSTER_STATUSES
+from kvreport_server.queries import SORTS
+
+
+class ApiErrorDetailSchema(Schema):
+    code = fields.String(required=True)
+    message = fields.String(required=True)
+    field = fields.String()
+    limit = fields.Integer()
+    accepted = fields.List(fields.String())
+
+
+class ApiErrorSchema(Schema):
+    error = fields.Nested(ApiErrorDetailSchema, required=True)
+
+
+class ClusterRefSchema(Schema):
+    id = fields.Integer(required=True)
+    key = fields.String(required=True)
+    title = fields.String(required=True)
+    count = fields.Integer(required=True)
+    status = fields.String()
+    known_fix = fields.String(allow_none=True)
+    issue_url = fields.String(allow_none=True)
+    url = fields.String()
+
+
+class UploadResponseSchema(Schema):
+    id = fields.String(required=True)
+    url = fields.String(required=True)
+    cluster = fields.Nested(ClusterRefSchema, required=True)
+    diagnosis = fields.Dict(required=True)
+    flagged_secrets = fields.List(fields.String())
+
+
+class ClusterSchema(Schema):
+    id = fields.Integer(required=True)
+    key = fields.String(required=True)
+    scheme = fields.Integer()
+    signature_id = fields.String(allow_none=True)
+    title = fields.String(required=True)
+    engine = fields.String(allow_none=True)
+    phase = fields.String(allow_none=True)
+    backend = fields.String(allow_none=True)
+    verdict = fields.String(allow_none=True)
+    count = fields.Integer(required=True)
+    machines = fields.Integer()
+    first_seen = fields.String(allow_none=True, metadata={"format": "date-time"})
+    last_seen = fields.String(allow_none=True, metadata={"format": "date-time"})
+    min_build = fields.Integer(allow_none=True)
+    max_build = fields.Integer(allow_none=True)
+    first_version = fields.String(allow_none=True)
+    status = fields.String(required=True)
+    known_fix = fields.String(allow_none=True)
+    issue_url = fields.String(allow_none=True)
+    url = fields.String()
+    sparkline = fields.List(fields.Integer())
+    trend = fields.Integer()
+    backends = fields.List(fields.String())
+    gpus = fields.List(fields.String())
+    engine_versions = fields.List(fields.String())
+
+
+class ClusterListSchema(Schema):
+    items = fields.List(fields.Nested(ClusterSchema), required=True)
+    page = fields.Integer(required=True)
+    per_page = fields.Integer(required=True)
+    total = fields.Integer(required=True)
+
+
+class FacetValueSchema(Schema):
+    value = fields.String(required=True)
+    count = fields.Integer(required=True)
+
+
+class BundleSummarySchema(Schema):
+    id = fields.String(required=True)
+    url = fields.String()
+    received_at = fields.String(allow_none=True)
+    created_at = fields.String(allow_none=True)
+    engine = fields.String(allow_none=True)
+    engine_version = fields.String(allow_none=True)
+    build_number = fields.Integer(allow_none=True)
+    backend = fields.String(allow_none=True)
+    gpu = fields.String(allow_none=True)
+    model = fields.String(allow_none=True)
+    n_ctx = fields.Integer(allow_none=True)
+    phase = fields.String(allow_none=True)
+    verdict = fields.String(allow_none=True)
+    requested_mib = fields.Float(allow_none=True)
+    free_mib = fields.Float(allow_none=True)
+
+
+class RegressionSchema(Schema):
+    first_build = fields.Integer(allow_none=True)
+    first_version = fields.String(allow_none=True)
+    earlier_bundles = fields.Integer(allow_none=True)
+
+
+class ClusterDetailSchema(ClusterSchema):
+    facets = fields.Dict(keys=fields.String(), values=fields.List(fields.Nested(FacetValueSchema)))
+    regression = fields.Nested(RegressionSchema)
+    bundles = fields.List(fields.Nested(BundleSummarySchema))
+
+
+class BundleResponseSchema(Schema):
+    id = fields.String(required=True)
+    url = fields.String(required=True)
+    cluster = fields.Nested(ClusterRefSchema, required=True)
+    received_at = fields.String(allow_none=True)
+    analyzer_version = fields.String()
+    bundle = fields.Dict(required=True)
+    diagnosis = fields.Dict(required=True)
+
+
+class ClusterQuerySchema(Schema):
+    class Meta:
+        unknown = EXCLUDE
+
+    engine = fields.String(validate=validate.Length(max=100))
+    backend = fields.String(validate=validate.Length(max=100))
+    phase = fields.String(validate=validate.Length(max=100))
+    verdict = fields.String(validate=validate.Length(max=100))
+    version = fields.String(validate=validate.Length(max=100))
+    gpu = fields.String(validate=validate.Length(max=200))
+    status = fields.String(validate=validate.OneOf(CLUSTER_STATUSES))
+    q = fields.String(validate=validate.Length(max=200))
+    sort = fields.String(load_default="count", validate=validate.OneOf(SORTS))
+    page = fields.Integer(load_default=1, validate=validate.Range(min=1, max=100000))
+    per_page = fields.Integer(load_default=None, validate=validate.Range(min=1, max=200))
+
+
+class ClusterPatchSchema(Schema):
+    class Meta:
+        unknown = "raise"
+
+    known_fix = fields.String(allow_none=True, validate=validate.Length(max=20000))
+    issue_url = fields.String(allow_none=True, validate=validate.Length(max=500))
+    status = fields.String(validate=validate.OneOf(CLUSTER_STATUSES))
+
+    @validates("issue_url")
+    def _url(self, value, **_kw):
+        if value and not (value.startswith("https://") or value.startswith("http://")):
+            raise ValidationError("must be an http(s) URL")
+        if value and any(ch in value for ch in " \t\r\n<>\"'\x00"):
+            raise ValidationError("must be a URL without spaces or quotes")
+
+
+class DeletedSchema(Schema):
+    id = fields.String(required=True)
+    deleted = fields.Boolean(required=True)
+
+
+class HealthSchema(Schema):
+    status = fields.String(required=True)
+    database = fields.String(required=True)
+    analyzer_version = fields.String()

@@ -1,0 +1,152 @@
+"""Pages: clusters (/), a cluster (/clusters/<id>), a bundle (/bundles/<id>, .json, .md), sign-in."""
+
+from __future__ import annotations
+
+import json
+
+from flask import (
+    Blueprint,
+    Response,
+    abort,
+    current_app,
+    flash,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+from flask_login import login_user, logout_user
+from marshmallow import ValidationError
+from sqlalchemy import text
+
+from kvreport_server import analysis, auth
+from kvreport_server.db import get_db, get_session
+from kvreport_server.errors import ApiError
+from kvreport_server.models import CLUSTER_STATUSES, Bundle, Cluster
+from kvreport_server.queries import cluster_detail, list_clusters
+from kvreport_server.schemas import ClusterQuerySchema
+from kvreport_server.service import update_cluster
+from kvreport_server.urls import bundle_url
+from kvreport_server.web.forms import ClusterForm, LoginForm
+from kvreport_server.web.render import fold_log, markdown_html, new_issue_url, sparkline_svg
+
+bp = Blueprint("web", __name__)
+
+FILTERS = ("engine", "backend", "phase", "verdict", "version", "gpu", "status", "q", "sort")
+
+
+@bp.app_context_processor
+def _helpers():
+    return {"sparkline_svg": sparkline_svg, "markdown_html": markdown_html, "is_maintainer": auth.is_maintainer}
+
+
+@bp.before_request
+def _private_gate():
+    if request.endpoint in ("web.login", "web.healthz", "web.logout", "static"):
+        return None
+    if not auth.can_read():
+        if request.path.endswith((".json", ".md")):
+            raise ApiError(401, "this server is private: sign in or send a token", code="unauthorized")
+        return redirect(url_for("web.login", next=request.path))
+    return None
+
+
+@bp.get("/healthz")
+def healthz():
+    try:
+        with get_db().engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as exc:  # noqa: BLE001 - any database failure is "unavailable"
+        current_app.logger.warning("healthz: database unavailable: %s", exc)
+        return {"status": "unavailable", "database": "error"}, 503
+    return {"status": "ok", "database": "ok", "analyzer_version": analysis.analyzer_version()}
+
+
+@bp.get("/")
+def index():
+    raw = {k: v for k, v in request.args.items() if k in (*FILTERS, "page", "per_page") and v != ""}
+    try:
+        args = ClusterQuerySchema().load(raw)
+    except ValidationError as exc:
+        raise ApiError(400, "bad filter: " + "; ".join(f"{k}: {v[0]}" for k, v in exc.messages.items()),
+                       code="bad_request") from None
+    per_page = args.pop("per_page", None) or current_app.config["PAGE_SIZE"]
+    page = args.pop("page", 1)
+    items, total = list_clusters(get_session(), page=page, per_page=per_page, **args)
+    pages = max(1, -(-total // per_page))
+    active = {k: v for k, v in raw.items() if k in FILTERS}
+    return render_template("index.html", items=items, total=total, page=page, pages=pages, per_page=per_page,
+                           filters=active, statuses=CLUSTER_STATUSES)
+
+
+@bp.route("/clusters/<int:cluster_id>", methods=["GET", "POST"])
+def cluster(cluster_id: int):
+    session = get_session()
+    c = session.get(Cluster, cluster_id)
+    if c is None:
+        abort(404)
+    form = ClusterForm(obj=c) if request.method == "GET" else ClusterForm()
+    if request.method == "POST":
+        if not auth.is_maintainer():
+            abort(403)
+        if form.validate_on_submit():
+            update_cluster(get_db(), cluster_id, {"known_fix": form.known_fix.data or "",
+                                                  "issue_url": form.issue_url.data or "",
+                                                  "status": form.status.data})
+            flash("Cluster updated.")
+            return redirect(url_for("web.cluster", cluster_id=cluster_id))
+    session.expire_all()
+    detail = cluster_detail(session, cluster_id)
+    return render_template("cluster.html", c=detail, form=form, statuses=CLUSTER_STATUSES)
+
+
+def _bundle_or_404(bundle_id: str) -> Bundle:
+    row = get_session().get(Bundle, bundle_id) if len(bundle_id) == 26 else None
+    if row is None:
+        abort(404)
+    return row
+
+
+@bp.get("/bundles/<string:name>")
+def bundle(name: str):
+    bundle_id, _, ext = name.partition(".")
+    row = _bundle_or_404(bundle_id)
+    url = bundle_url(row.id)
+    if ext == "json":
+        body = {"id": row.id, "url": url, "cluster_id": row.cluster_id, "bundle": row.data, "diagnosis": row.diagnosis}
+        return Response(json.dumps(body, ensure_ascii=False, indent=1), mimetype="application/json")
+    if ext == "md":
+        md = analysis.issue_markdown(row.data, row.diagnosis, url)
+        return Response(md, mimetype="text/markdown", headers={"Content-Disposition": "inline"})
+    if ext:
+        abort(404)
+    diag = row.diagnosis or {}
+    failure = diag.get("failure") or {}
+    marks = {str(failure.get(k)).strip() for k in ("allocator_error", "final_error") if failure.get(k)}
+    md = analysis.issue_markdown(row.data, diag, url)
+    title = analysis.issue_title(row.data, diag)
+    c = get_session().get(Cluster, row.cluster_id)
+    return render_template("bundle.html", b=row, data=row.data, diag=diag, failure=failure, cluster=c,
+                           blocks=fold_log((row.data.get("log") or {}).get("lines"), marks), issue_md=md,
+                           issue_url=new_issue_url(current_app.config.get("ISSUE_REPO"), title, md), url=url)
+
+
+@bp.route("/login", methods=["GET", "POST"])
+def login():
+    form = LoginForm()
+    if form.validate_on_submit():
+        user = auth.check_login(get_session(), form.username.data, form.password.data)
+        if user is not None:
+            login_user(user)
+            target = request.args.get("next") or ""
+            if not target.startswith("/") or target.startswith("//"):
+                target = url_for("web.index")
+            return redirect(target)
+        flash("Wrong user name or password.")
+    return render_template("login.html", form=form)
+
+
+@bp.post("/logout")
+def logout():
+    logout_user()
+    return redirect(url_for("web.index"))

@@ -1,0 +1,105 @@
+"""Bundles for the server tests, made from the real shared cases (log + command + case facts)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import secrets
+from pathlib import Path
+
+import pytest
+from kvreport.bundle import SCHEMA_ID, new_bundle_id, validate_bundle
+from kvreport.excerpt import Excerpt
+
+PG_ADMIN = os.environ.get("KVREPORT_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _psycopg_url(url: str) -> str:
+    return url.replace("postgresql://", "postgresql+psycopg://", 1)
+
+
+def create_pg_database(prefix: str = "kvr_test") -> str:
+    """Create a database with a random name; return its SQLAlchemy URL (fails the test if PG is down)."""
+    import psycopg
+
+    name = f"{prefix}_{secrets.token_hex(6)}"
+    try:
+        with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"PostgreSQL at {PG_ADMIN} cannot be reached: {exc}", pytrace=False)
+    return _psycopg_url(PG_ADMIN.rsplit("/", 1)[0] + "/" + name)
+
+
+def drop_pg_database(url: str) -> None:
+    import psycopg
+
+    name = url.rsplit("/", 1)[1]
+    with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARED_CASES = Path(os.environ.get("KVREPORT_SHARED", ROOT.parent / "shared")).resolve() / "cases"
+
+
+def case_path(name: str) -> Path:
+    return SHARED_CASES / name
+
+
+def bundle_from_case(name: str, **overrides) -> dict:
+    """A minimal valid bundle from a shared case: its log excerpt, command line and device facts."""
+    case = case_path(name)
+    facts = json.loads((case / "case.json").read_text()) if (case / "case.json").is_file() else {}
+    excerpt = Excerpt()
+    with open(case / "log.txt", encoding="utf-8", errors="replace") as fh:
+        excerpt.feed_all(fh)
+    command = (case / "command.txt").read_text().strip() if (case / "command.txt").is_file() else None
+    devices = []
+    for i, d in enumerate(facts.get("devices") or []):
+        if isinstance(d, dict):
+            devices.append({"backend": facts.get("backend"), "index": i, "name": d.get("name"),
+                            "total_mib": d.get("total_mib"), "free_mib": d.get("free_mib"), "source": "case"})
+    bundle = {
+        "schema": SCHEMA_ID,
+        "id": new_bundle_id(),
+        "created_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "collector": {"name": "kvreport", "version": "test"},
+        "host": {"os": "Linux", "cpu_model": f"test cpu for {name}", "ram_total_mib": 64000.0},
+        "devices": devices,
+        "engine": {"name": facts.get("engine")},
+        "command": {"line": command} if command else {},
+        "model": {"file_name": (facts.get("model") or {}).get("file")} if isinstance(facts.get("model"), dict) else None,
+        "log": excerpt.to_log("log.txt"),
+        "redactions": {},
+    }
+    bundle.update(overrides)
+    return validate_bundle(bundle)
+
+
+def minimal_bundle(**overrides) -> dict:
+    bundle = {
+        "schema": SCHEMA_ID,
+        "id": new_bundle_id(),
+        "created_at": "2026-11-30T01:02:03Z",
+        "host": {"os": "Linux"},
+        "engine": {"name": "llama.cpp", "version": "b6000", "build_number": 6000},
+        "log": {"line_count": 2, "truncated": False, "source": "test",
+                "lines": [[1, "llama_kv_cache: failed to allocate buffer for kv cache"],
+                          [2, "llama_init_from_model: failed to initialize the context"]]},
+    }
+    bundle.update(overrides)
+    return bundle
+
+
+FAILURE_CASES = [
+    "loc-15-fail-huge-ctx-fit-default",
+    "loc-17-fail-huge-ctx-verbose",
+    "loc-21-fail-ulimit-kv-600000",
+    "loc-23-fail-ulimit-compute-after-kv-800000",
+    "loc-29-fail-np256-no-kv-unified-c4096",
+    "loc-41-neg-ulimit-weights-buffer-no-mmap-150000",
+    "pub-001-llamacpp-cpu-1m-ctx-kv-128gib",
+    "pub-016-llamacpppython-cuda-5gpu-compute-buffer-small-gpu",
+]

@@ -1,0 +1,119 @@
+"""End to end: the real `kvreport serve` process, a token from `kvreport admin create-token`,
+bundles made from the shared cases uploaded with `kvreport upload`, counts read back through the
+API and the HTML (on SQLite and on PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import requests
+from server_helpers import FAILURE_CASES, SHARED_CASES, bundle_from_case
+
+KVREPORT = [sys.executable, "-m", "kvreport.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(args, env, **kw):
+    return subprocess.run(KVREPORT + args, env=env, capture_output=True, text=True, timeout=120, **kw)
+
+
+def make_bundle_file(case: str, out: Path, env: dict) -> Path:
+    """`kvreport collect` when the collector is there, else a bundle built from the case log."""
+    folder = SHARED_CASES / case
+    path = out / f"{case}.json"
+    try:
+        import kvreport.collect  # noqa: F401
+
+        have_collect = True
+    except ImportError:
+        have_collect = False
+    if have_collect:
+        args = ["collect", "--log", str(folder / "log.txt"), "-o", str(path), "--yes", "--probe-timeout", "1"]
+        if (folder / "command.txt").is_file():
+            args += ["--command", (folder / "command.txt").read_text().strip()]
+        r = run(args, env)
+        if r.returncode in (0, 1) and path.is_file():
+            return path
+    path.write_text(json.dumps(bundle_from_case(case)))
+    return path
+
+
+@pytest.fixture
+def server(db_url, tmp_path):
+    port = free_port()
+    env = {**os.environ, "KVREPORT_DATABASE_URL": db_url, "KVREPORT_LOG_REQUESTS": "0",
+           "KVREPORT_PUBLIC_URL": "", "HOME": str(tmp_path)}
+    env.pop("KVREPORT_SERVER", None)
+    env.pop("KVREPORT_TOKEN", None)
+    proc = subprocess.Popen(KVREPORT + ["serve", "--port", str(port), "--database-url", db_url],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"kvreport serve exited {proc.returncode}: {proc.stderr.read()}")
+            try:
+                if requests.get(base + "/healthz", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.time() > deadline:
+                pytest.fail("kvreport serve did not answer /healthz within 60 s")
+            time.sleep(0.2)
+        yield base, env
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_serve_upload_browse(server, tmp_path):
+    base, env = server
+    r = run(["admin", "create-token", "e2e", "--database-url", env["KVREPORT_DATABASE_URL"]], env)
+    assert r.returncode == 0, r.stderr
+    token_lines = r.stdout.strip().splitlines()
+    assert len(token_lines) == 1 and token_lines[0].startswith("kvr_")
+    token = token_lines[0]
+
+    cases = FAILURE_CASES[:6]
+    expected = Counter()
+    for case in cases:
+        path = make_bundle_file(case, tmp_path, env)
+        up = run(["upload", str(path), "--server", base, "--token", token, "--json"], env)
+        assert up.returncode == 0, (case, up.stdout, up.stderr)
+        answer = json.loads(up.stdout)
+        assert answer["url"].startswith(base + "/bundles/")
+        expected[answer["cluster"]["id"]] += 1
+        again = run(["upload", str(path), "--server", base, "--token", token, "--json"], env)
+        assert again.returncode == 0 and json.loads(again.stdout)["status"] == 200
+
+    bad = run(["upload", str(path), "--server", base, "--token", "kvr_00000000_nope"], env)
+    assert bad.returncode == 2 and "401" in bad.stderr
+
+    listing = requests.get(base + "/api/v1/clusters", timeout=10).json()
+    got = {c["id"]: c["count"] for c in listing["items"]}
+    assert got == dict(expected)
+    assert listing["total"] == len(expected)
+    html = requests.get(base + "/", timeout=10).text
+    for cid, n in expected.items():
+        row = re.search(rf'data-cluster-id="{cid}".*?class="num count">(\d+)<', html, re.S)
+        assert row and int(row.group(1)) == n
+        page = requests.get(f"{base}/clusters/{cid}", timeout=10)
+        assert page.status_code == 200 and page.text.count('class="bundle-link"') == n
