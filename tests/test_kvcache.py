@@ -369,3 +369,11 @@ def test_shape_from_hparams_never_raises(hp):
     shape = shape_from_hparams(hp)
     if shape is not None:
         kv_size(shape, KVConfig(n_ctx=4096))
+
+
+def test_smallthinker_dense_first_pattern():
+    # llama-model.cpp LLM_ARCH_SMALLTHINKER: n_swa = 4096; set_swa_pattern(4, true)
+    hp = {"arch": "smallthinker", "n_layer": "8", "n_head": "8", "n_head_kv": "2", "n_embd_head_k": "64",
+          "n_swa": "4096", "is_swa_any": "1"}
+    shape = shape_from_hparams(hp)
+    assert shape.is_swa == (False, True, True, True) * 2 and shape.n_swa == 4096

@@ -66,8 +66,11 @@ SWA_DEFAULT_PERIOD: dict[str, int] = {
     "exaone4": 4,
     "smallthinker": 4,
 }
+# Architectures whose pattern puts the full-attention layer first in each group
+# (``set_swa_pattern(p, dense_first=true)``: SmallThinker, period 4, window forced to 4096).
+SWA_DENSE_FIRST = frozenset({"smallthinker"})
 # Default window when the GGUF has none (``src/llama-model.cpp``: gemma2 4096, llama4 chunk 8192).
-SWA_DEFAULT_WINDOW: dict[str, int] = {"gemma2": 4096, "llama4": 8192}
+SWA_DEFAULT_WINDOW: dict[str, int] = {"gemma2": 4096, "llama4": 8192, "smallthinker": 4096}
 
 # Architectures whose every layer is recurrent (``llama_model::create_memory``: llama_memory_recurrent).
 RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
@@ -845,7 +848,9 @@ def shape_from_hparams(hparams: Mapping[str, str], gguf_kv: Mapping[str, str] | 
         elif period is None and arch in SWA_DEFAULT_PERIOD:
             period = SWA_DEFAULT_PERIOD[arch]
         if period is not None:
-            is_swa = list(swa_layers(n_all, period))
+            is_swa = list(swa_layers(n_all, period, dense_first=arch in SWA_DENSE_FIRST))
+            if arch == "smallthinker":
+                n_swa = 4096  # llama-model.cpp overrides the GGUF window for this arch
         elif not any(is_swa):
             # Unknown pattern: use differing head sizes if the log shows them, else count all
             # layers as full attention (an upper bound).
