@@ -25,7 +25,7 @@ KEYWORDS = (
     "can't allocate", "DXGI", "worst-case", "pipeline parallelism", "kv_unified", "gpttype", "Load Text Model",
 )
 
-_PRINT_INFO = re.compile(r"(?:print_info|llm_load_print_meta):\s+(.+?)\s*=\s?(.*?)\s*$")
+_PRINT_INFO = re.compile(r"(?<!\w)(?:print_info|llm_load_print_meta):\s+(.+?)\s*=\s?(.*?)\s*$")
 _OLD_HPARAM_KEYS = {"model ftype": "file type", "model size": "file size", "format": "file format",
                     "n_ctx_orig_yarn": "n_ctx_orig_yarn", "n_swa_pattern": "n_swa_pattern"}
 _GGUF_KV = re.compile(r"llama_model_loader: - kv\s+\d+:\s+(\S+)\s+(\S+)\s+=\s(.*?)\s*$")
@@ -124,7 +124,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
             if key not in f.hparams or not f.in_fit:
                 f.hparams[key] = m.group(2).strip()
             f.engine_hints["llama.cpp"] += 1
-        return
+            return
     if "- kv " in line and "llama_model_loader" in line:
         m = _GGUF_KV.search(line)
         if m:
@@ -497,5 +497,4 @@ def _feed_failure(f: LogFacts, line: str, lineno: int) -> bool:
         return True
     if _SUCCESS.search(line):
         f.add_event("success", lineno, line)
-        return True
     return False

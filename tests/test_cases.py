@@ -1,0 +1,101 @@
+"""Every real case of ../shared/cases (and tests/data/cases) as a test of the analyzer.
+
+Asserts every non-null fact of the case's expected.json (cases/README.md):
+engine, phase, backend, failing_device, requested_mib (±1 %), verdict, the first suggestion (any
+id of ``top_suggestions_ok`` when that list is not empty), ``kv_printed_mib`` against
+``memory.kv_required_mib`` (±0.5 %), and ``is_kv_failure``.
+
+``is_kv_failure`` mapping (documented here and in kvreport.analyze): a failure is a KV failure when
+its phase is ``kv_cache`` (a KV/RS buffer could not be allocated) or ``kv_capacity`` (the
+engine's KV pool cannot hold its configured maximum length); every other phase is not.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import case_dirs, load_expected
+
+from kvreport.analyze import analyze, analyze_text
+from kvreport.cmdline import parse_command
+from kvreport.excerpt import Excerpt
+
+CASES = case_dirs()
+KV_PHASES = ("kv_cache", "kv_capacity")
+
+
+def _command(case):
+    p = case / "command.txt"
+    return p.read_text(errors="replace").strip() if p.is_file() else None
+
+
+def _diagnose(case):
+    return analyze_text((case / "log.txt").read_text(errors="replace"), _command(case))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_case_matches_expected(case):
+    exp = load_expected(case)
+    d = _diagnose(case)
+    f, mem = d["failure"], d["memory"]
+    if exp.get("engine") is not None:
+        assert d["engine"] == exp["engine"]
+    if exp.get("phase") is not None:
+        assert f["phase"] == exp["phase"]
+    if exp.get("backend") is not None:
+        assert f["backend"] == exp["backend"]
+    if exp.get("failing_device") is not None:
+        assert f["failing_device"] == exp["failing_device"]
+    if exp.get("requested_mib") is not None:
+        assert f["requested_mib"] == pytest.approx(exp["requested_mib"], rel=0.01)
+    if exp.get("verdict") is not None:
+        assert f["verdict"] == exp["verdict"]
+    if exp.get("top_suggestions_ok"):
+        assert d["suggestions"], "a fix was expected"
+        assert d["suggestions"][0]["id"] in exp["top_suggestions_ok"], [s["id"] for s in d["suggestions"]]
+    if exp.get("kv_printed_mib") is not None:
+        assert mem["kv_required_mib"] == pytest.approx(exp["kv_printed_mib"], rel=0.005)
+    if exp.get("is_kv_failure") is not None:
+        assert (f["phase"] in KV_PHASES) == exp["is_kv_failure"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_case_diagnosis_shape(case):
+    d = _diagnose(case)
+    assert set(d) == {"analyzer_version", "engine", "failure", "memory", "findings", "signature", "suggestions"}
+    assert set(d["failure"]) == {"phase", "backend", "failing_device", "requested_mib", "free_mib",
+                                 "allocator_error", "final_error", "verdict"}
+    assert set(d["memory"]) == {"kv_required_mib", "rs_required_mib", "kv_mib_per_1k_tokens", "max_ctx_fit",
+                                "fit", "inputs"}
+    assert d["memory"]["inputs"]["source"] in ("gguf", "log", "assumed")
+    assert set(d["signature"]) == {"id", "key", "title", "scheme", "notes"}
+    for s in d["suggestions"]:
+        assert set(s) == {"id", "title", "change", "command", "expected", "why"}
+    if d["failure"]["phase"] == "none":
+        assert d["suggestions"] == []
+    # kvreport's own arithmetic agrees with every KV size the engine printed
+    assert not [x for x in d["findings"] if x["kind"] == "kv_model_mismatch"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bundle_excerpt_gives_same_diagnosis(case):
+    """analyze(bundle) with the bounded excerpt equals analyzing the whole log (design.md)."""
+    text = (case / "log.txt").read_text(errors="replace")
+    cmd = _command(case)
+    whole = analyze_text(text, cmd)
+    bundle = {"log": Excerpt().feed_all(text.splitlines()).to_log("file"),
+              "command": parse_command(cmd) if cmd else {}}
+    assert analyze(bundle) == whole
+
+
+def test_recovered_pinned_fallback_is_a_finding_not_the_failure():
+    case = next(c for c in CASES if c.name.startswith("pub-023"))
+    d = _diagnose(case)
+    assert d["failure"]["phase"] == "none"
+    assert [x for x in d["findings"] if x["kind"] == "recovered_allocation"]
+
+
+def test_retry_without_pipeline_parallelism_that_worked_is_recovered():
+    case = next(c for c in CASES if c.name.startswith("pub-039"))
+    d = _diagnose(case)
+    assert d["failure"]["phase"] == "none"
+    assert any("pipeline parallelism" in x["text"] for x in d["findings"])

@@ -1,0 +1,271 @@
+"""Parser tests on real lines of every era (kv-facts.md §1-§5 quote them from llama.cpp's source
+history and public logs; the case logs under ../shared/cases are real runs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvreport.logs import clean_pasted, is_key_line, parse_log
+from kvreport.logs.common import clean_line
+
+
+def facts(*lines):
+    return parse_log(list(lines))
+
+
+# ---------------------------------------------------------------- framing
+
+@pytest.mark.parametrize("raw", [
+    "0.00.038.415 E ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 68719476736",
+    "\x1b[31mggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 68719476736\x1b[0m\r\n",
+    "> ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 68719476736",
+    "> > ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 68719476736",
+    "deep-seek-1  | ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 68719476736",
+    "ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer \x00of size 68719476736",
+    '{"type":"log","time":38415,"level":"error","msg":"ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 68719476736\\n"}',
+])
+def test_framing_never_hides_a_line(raw):
+    f = facts(raw)
+    ev = [e for e in f.events if e["kind"] == "backend"]
+    assert ev and ev[0]["bytes"] == 68719476736 and ev[0]["device"] == "CPU"
+
+
+def test_clean_pasted_removes_fences_quotes_ansi_crlf():
+    text = "> ```\r\n> \x1b[1mllama_kv_cache: size = 4.00 MiB\x1b[0m\r\n> ```\r\n"
+    assert clean_pasted(text).strip() == "llama_kv_cache: size = 4.00 MiB"
+
+
+def test_clean_line_accepts_bytes_and_garbage():
+    assert clean_line(b"\xff\xfeabc\n") .endswith("abc")
+    assert clean_line("```text") == ""
+
+
+def test_two_lines_pasted_onto_one_are_both_read():
+    f = facts("E alloc_tensor_range: failed to allocate SYCL_Host buffer of size 33703246400"
+              "              E llama_model_load: error loading model: unable to allocate SYCL_Host buffer")
+    kinds = [e["kind"] for e in f.events]
+    assert "ggml" in kinds and "reason" in kinds
+
+
+# ---------------------------------------------------------------- hparams
+
+def test_print_info_new_and_old_spellings_give_the_same_keys():
+    new = facts("I print_info: n_head_kv             = [0, 0, 4, 0, 0, 4]",
+                "print_info: model type            = 7B", "print_info: file type   = Q4_K - Medium")
+    old = facts("llm_load_print_meta: n_head_kv        = [0, 0, 4, 0, 0, 4]",
+                "llm_load_print_meta: model type       = 7B", "llm_load_print_meta: model ftype      = Q4_K - Medium")
+    assert new.hparams == old.hparams == {"n_head_kv": "[0, 0, 4, 0, 0, 4]", "model type": "7B",
+                                          "file type": "Q4_K - Medium"}
+
+
+def test_gguf_kv_lines():
+    f = facts("llama_model_loader: - kv  18:             gemma3.attention.head_count_kv u32              = 16")
+    assert f.gguf_kv == {"gemma3.attention.head_count_kv": "16"}
+
+
+# ---------------------------------------------------------------- context
+
+@pytest.mark.parametrize("line,key,value", [
+    ("llama_context: n_ctx_seq     = 131072", "n_ctx_seq", "131072"),
+    ("llama_context: n_ctx_per_seq = 4096", "n_ctx_seq", "4096"),
+    ("llama_new_context_with_model: n_ctx      = 1048576", "n_ctx", "1048576"),
+    ("llama_init_from_model: n_ubatch   = 512", "n_ubatch", "512"),
+    ("llama_context: flash_attn    = auto", "flash_attn", "auto"),
+    ("llama_new_context_with_model: flash_attn = 0", "flash_attn", "0"),
+    ("llama_context: kv_unified    = false", "kv_unified", "false"),
+    ("W llama_context: n_ctx is not divisible by n_seq_max - rounding down to 65536", "n_ctx", "65536"),
+    ("srv    load_model: initializing, n_slots = 4, n_ctx_slot = 2048, kv_unified = 'false'", "n_slots", "4"),
+])
+def test_context_lines_of_every_era(line, key, value):
+    assert facts(line).ctx[key] == value
+
+
+def test_old_kv_init_line():
+    f = facts("llama_kv_cache_init: kv_size = 23552, offload = 1, type_k = 'f16', type_v = 'f16', n_layer = 48, can_shift = 1")
+    assert f.ctx["kv_size"] == "23552" and f.ctx["type_k"] == "f16"
+    f = facts("init: kv_size = 4096, offload = 1, type_k = 'q8_0', type_v = 'f16', n_layer = 48, can_shift = 1")
+    assert f.ctx["type_k"] == "q8_0"
+
+
+# ---------------------------------------------------------------- KV sizes
+
+@pytest.mark.parametrize("line,mib,cells,nseq,nstream", [
+    ("llama_kv_cache: size = 3072.00 MiB (131072 cells,  12 layers,  1/1 seqs), K (f16): 1536.00 MiB, V (f16): 1536.00 MiB",
+     3072.0, 131072, 1, 1),
+    ("llama_kv_cache_unified: size = 6564.00 MiB ( 70016 cells,  48 layers,  1/ 1 seqs), K (f16): 3282.00 MiB, V (f16): 3282.00 MiB",
+     6564.0, 70016, 1, 1),
+    ("llama_kv_cache_unified: size =  512.00 MiB (  4096 cells,  32 layers,  2 seqs), K (f16):  256.00 MiB, V (f16):  256.00 MiB",
+     512.0, 4096, 2, 1),
+    ("llama_kv_cache_unified: size =  256.00 MiB (  2048 cells,  32 layers), K (q8_0):  68.00 MiB, V (f16):  128.00 MiB",
+     256.0, 2048, None, 1),
+    ("I llama_kv_cache: size =   64.00 MiB (  2048 cells,   8 layers,  4/4 seqs), K (f16):   32.00 MiB, V (f16):   32.00 MiB",
+     64.0, 2048, 4, 4),
+])
+def test_kv_size_lines_of_every_era(line, mib, cells, nseq, nstream):
+    k = facts(line).kv_caches[0]
+    assert (k["mib"], k["cells"], k["n_seq"], k["n_stream"]) == (mib, cells, nseq, nstream)
+
+
+def test_old_kv_self_size_and_ik_llama_variant():
+    f = facts("llama_new_context_with_model: KV self size  = 5120.00 MiB, K (f16): 2560.00 MiB, V (f16): 2560.00 MiB",
+              "llama_new_context_with_model: KV self size  = 1005.79 MiB, c^KV (f16): 1005.79 MiB, kv^T (f16):    0.00 MiB")
+    assert [k["mib"] for k in f.kv_caches] == [5120.0, 1005.79]
+
+
+def test_iswa_sections():
+    f = facts("llama_kv_cache_iswa: creating non-SWA KV cache, size = 131072 cells",
+              "llama_kv_cache: size = 3072.00 MiB (131072 cells,  12 layers,  1/1 seqs), K (f16): 1536.00 MiB, V (f16): 1536.00 MiB",
+              "llama_kv_cache_iswa: creating     SWA KV cache, size = 768 cells",
+              "llama_kv_cache: size =   18.00 MiB (   768 cells,  12 layers,  1/1 seqs), K (f16):    9.00 MiB, V (f16):    9.00 MiB")
+    assert [(k["section"], k["mib"]) for k in f.kv_caches] == [("non-SWA", 3072.0), ("SWA", 18.0)]
+
+
+def test_recurrent_lines():
+    f = facts("llama_memory_recurrent: size =   19.27 MiB (     1 cells,  24 layers,  1 seqs  0 rs_seq), R (f32):    1.27 MiB, S (f32):   18.00 MiB",
+              "llama_memory_recurrent:        CPU RS buffer size =     0.03 MiB")
+    assert f.rs_caches[0]["mib"] == 19.27
+    assert f.buffers[0]["kind"] == "RS"
+
+
+@pytest.mark.parametrize("line,dev,kind,mib", [
+    ("load_tensors:      Vulkan0 model buffer size =  6637.63 MiB", "Vulkan0", "model", 6637.63),
+    ("llama_kv_cache:      CUDA0 KV buffer size =  3072.00 MiB", "CUDA0", "KV", 3072.0),
+    ("sched_reserve:      CUDA0 compute buffer size =   300.01 MiB", "CUDA0", "compute", 300.01),
+    ("llama_context:  CUDA_Host  output buffer size =     0.49 MiB", "CUDA_Host", "output", 0.49),
+    ("llm_load_tensors:      ROCm0 buffer size = 27846.97 MiB", "ROCm0", "model", 27846.97),
+])
+def test_buffer_lines(line, dev, kind, mib):
+    b = facts(line).buffers[0]
+    assert (b["device"], b["kind"], b["mib"]) == (dev, kind, mib)
+
+
+# ---------------------------------------------------------------- devices and versions
+
+@pytest.mark.parametrize("line,name,free", [
+    ("llama_prepare_model_devices: using device CUDA0 (NVIDIA GeForce RTX 4060 Ti) (0000:01:00.0) - 15221 MiB free", "CUDA0", 15221),
+    ("llama_model_load_from_file_impl: using device CUDA0 (NVIDIA GeForce RTX 4090) - 23820 MiB free", "CUDA0", 23820),
+    ("  Vulkan0: NVIDIA GeForce RTX 3080 Ti (12084 MiB, 11316 MiB free)", "Vulkan0", 11316),
+    ("I cmn  common_param:   - CPU     : AMD EPYC (24105 MiB, 24105 MiB free)", "CPU", 24105),
+])
+def test_device_free_lines(line, name, free):
+    assert facts(line).devices[name]["free_mib"] == free
+
+
+def test_cuda_init_names_rocm_devices():
+    f = facts("ggml_cuda_init: found 2 ROCm devices:",
+              "  Device 0: Radeon RX 7900 XTX, compute capability 11.0, VMM: no",
+              "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 27846.97 MiB on device 0: cudaMalloc failed: out of memory")
+    assert "ROCm0" in f.devices
+    assert f.events[0]["device"] == "ROCm0" and f.events[0]["backend"] == "rocm"
+
+
+@pytest.mark.parametrize("line,build,commit", [
+    ("build: 6895 (4341dc8bc) with cc (GCC) 15.2.1 20250813 for x86_64-pc-linux-gnu", 6895, "4341dc8bc"),
+    ("I cmn  common_param: common_params_print_info: build 10108 (0a50d99) with GNU 13.3.0 for Linux x86_64", 10108, "0a50d99"),
+    ("version: 2999 (42b4109e)", 2999, "42b4109e"),
+])
+def test_build_lines(line, build, commit):
+    f = facts(line)
+    assert (f.build, f.commit, f.engine) == (build, commit, "llama.cpp")
+
+
+# ---------------------------------------------------------------- auto-fit
+
+def test_fit_lines_and_dry_run_marking():
+    f = facts("I cmn  common_init_: fitting params to device memory ...",
+              "I common_params_fit_impl: projected to use 65731 MiB of host memory vs. 24105 MiB of total host memory",
+              "I llama_kv_cache: size = 65536.00 MiB (131072 cells,  32 layers,  4/1 seqs), K (f16): 32768.00 MiB, V (f16): 32768.00 MiB",
+              "I common_params_fit_impl: context size reduced from 131072 to 63232 -> need 596 MiB less memory in total",
+              "I common_fit_params: fitting params to free memory took 0.01 seconds",
+              "I llama_kv_cache: size =  494.00 MiB ( 63232 cells,   8 layers,  4/1 seqs), K (f16):  247.00 MiB, V (f16):  247.00 MiB")
+    assert f.fit["changed"]["n_ctx"] == [131072, 63232]
+    assert f.fit["free_mib"] == 24105 and f.fit["memory"] == "host"
+    assert [k["dry_run"] for k in f.kv_caches] == [True, False]
+
+
+# ---------------------------------------------------------------- failure chains
+
+@pytest.mark.parametrize("line,backend,mib", [
+    ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 1536.00 MiB on device 0: cudaMalloc failed: out of memory", "cuda", 1536.0),
+    ("ggml_vulkan: Device memory allocation of size 2166360064 failed.", "vulkan", 2066.0),
+    ("ggml_metal_buffer_init: error: failed to allocate buffer, size =  4096.00 MiB", "metal", 4096.0),
+    ("ggml_backend_sycl_buffer_type_alloc_buffer: can't allocate 3221225472 Bytes of memory on device", "sycl", 3072.0),
+    ("ggml_aligned_malloc: insufficient memory (attempted to allocate 65536.00 MB)", "cpu", 65536.0),
+])
+def test_backend_allocator_lines(line, backend, mib):
+    ev = facts(line).events[0]
+    assert ev["kind"] == "backend" and ev["backend"] == backend and ev["mib"] == pytest.approx(mib, rel=1e-3)
+
+
+def test_vulkan_limit_line():
+    f = facts("ggml_vulkan: Device memory allocation of size 4757131264 failed.",
+              "ggml_vulkan: Requested buffer size exceeds device memory allocation limit: ErrorOutOfDeviceMemory")
+    assert f.events[1]["limit"] is True
+
+
+@pytest.mark.parametrize("line,phase", [
+    ("llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache", "kv_cache"),
+    ("llama_kv_cache_init: failed to allocate buffer for kv cache", "kv_cache"),
+    ("llama_init_from_model: failed to initialize the context: failed to initialize self-attention cache", "kv_cache"),
+    ("llama_init_from_model: failed to initialize the context: failed to allocate compute pp buffers", "compute_buffer"),
+    ("llama_new_context_with_model: failed to allocate compute buffers", "compute_buffer"),
+    ("llama_model_load: error loading model: unable to allocate CUDA0 buffer", "model_weights"),
+    ("llama_model_load: error loading model: unable to allocate backend buffer", "model_weights"),
+])
+def test_reason_lines(line, phase):
+    ev = [e for e in facts(line).events if e["kind"] == "reason"]
+    assert ev and ev[0]["phase"] == phase
+
+
+def test_pinned_and_retry_lines():
+    f = facts("ggml_cuda_host_malloc: failed to allocate 2428.11 MiB of pinned memory: resource already mapped",
+              "llama_context: compute buffer allocation failed, retrying without pipeline parallelism")
+    assert [e["kind"] for e in f.events] == ["pinned", "retry"]
+
+
+# ---------------------------------------------------------------- other engines
+
+def test_ollama_eras():
+    f = facts('time=2024-06-01T10:00:00.000Z level=INFO source=memory.go:133 msg="offload to cuda" layers.requested=-1 '
+              'layers.model=33 memory.available="[23.3 GiB]" memory.required.full="5.6 GiB" memory.required.kv="1.0 GiB"',
+              'time=2025-09-01T10:00:00.000Z level=INFO source=device.go:1 msg="kv cache" device=CUDA0 size="1.0 GiB"',
+              'time=2025-09-01T10:00:00.000Z level=INFO source=types.go:1 msg="inference compute" id=GPU-1 library=cuda '
+              'name=CUDA0 description="NVIDIA GeForce RTX 4090" total="23.6 GiB" available="22.1 GiB"')
+    assert f.engine == "ollama"
+    assert f.ollama["kv_estimate_mib"] == 1024.0
+    assert f.ollama["layout"][0] == {"what": "kv cache", "device": "CUDA0", "mib": 1024.0}
+    assert f.devices["CUDA0"]["free_mib"] == pytest.approx(22.1 * 1024)
+
+
+def test_ollama_word_in_a_path_is_not_ollama():
+    f = facts("llama_load_model_from_file: failed to load model '../../ollama_gguf/gguf/command-r-plus.gguf'")
+    assert f.engine == "llama.cpp"
+
+
+def test_vllm_lines():
+    f = facts("INFO 05-01 [gpu_worker.py:276] Available KV cache memory: 12.5 GiB",
+              "INFO 05-01 [kv_cache_utils.py:1] GPU KV cache size: 102,400 tokens",
+              "INFO Maximum concurrency for 32,768 tokens per request: 3.12x")
+    assert f.engine == "vllm"
+    assert f.vllm["available_kv_mib"] == 12800.0 and f.vllm["pool_tokens"] == 102400
+    assert f.vllm["max_model_len"] == 32768
+
+
+def test_sglang_lines():
+    f = facts("[2025-01-01 10:00:00 TP0] KV Cache is allocated. #tokens: 500000, K size: 10.00 GB, V size: 10.00 GB",
+              "[2025-01-01 10:00:00 TP0] max_total_num_tokens=500000, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+              "max_running_requests=128, context_len=32768, available_gpu_mem=5.00 GB")
+    assert f.engine == "sglang" and f.sglang["kv_mib"] == 20480.0 and f.sglang["context_len"] == 32768
+
+
+def test_tgi_lines():
+    f = facts("2024-04-19T11:06:25Z ERROR text_generation_launcher: Method Warmup encountered an error.",
+              "2024-04-19T11:06:25Z INFO text_generation_router: Setting max batch total tokens to 16000")
+    assert f.engine == "tgi" and f.tgi["warmup_failed"] and f.tgi["max_batch_total_tokens"] == 16000
+
+
+def test_is_key_line_keeps_what_parsers_use_and_drops_noise():
+    assert is_key_line("llama_kv_cache: size = 4.00 MiB (4096 cells, 4 layers, 4/1 seqs), K (f16): 2 MiB, V (f16): 2 MiB")
+    assert is_key_line("Available KV cache memory: -2.14 GiB")
+    assert not is_key_line("slot update_slots: id  0 | task 5 | prompt processing progress, n_past = 10")
+    assert not is_key_line(".......................")

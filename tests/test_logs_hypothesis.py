@@ -1,0 +1,58 @@
+"""parse_log / analyze never raise: random bytes, random text lines, real logs cut anywhere."""
+
+from __future__ import annotations
+
+import io
+
+from conftest import case_dirs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvreport.analyze import analyze, analyze_text
+from kvreport.logs import parse_log, parse_stream
+
+LOGS = [(c / "log.txt").read_bytes() for c in case_dirs()]
+SETTINGS = settings(max_examples=150, deadline=None)
+
+
+@SETTINGS
+@given(st.binary(max_size=4000))
+def test_random_bytes(data):
+    parse_log(data.split(b"\n"))
+    parse_stream(io.BytesIO(data), chunk_bytes=97)
+    analyze_text(data.decode("utf-8", "replace"))
+
+
+@SETTINGS
+@given(st.lists(st.text(max_size=200), max_size=40))
+def test_random_lines(lines):
+    parse_log(lines)
+    analyze({"log": {"lines": [[i, t] for i, t in enumerate(lines, 1)]}})
+
+
+@SETTINGS
+@given(st.sampled_from(LOGS), st.integers(min_value=0), st.integers(min_value=0))
+def test_real_logs_cut_anywhere(log, a, b):
+    a, b = sorted((a % (len(log) + 1), b % (len(log) + 1)))
+    piece = log[a:b]
+    d = analyze_text(piece.decode("utf-8", "replace"))
+    assert d["failure"]["phase"] in ("kv_cache", "compute_buffer", "model_weights", "context", "kv_capacity",
+                                     "memory_budget", "none", "unknown")
+
+
+@SETTINGS
+@given(st.sampled_from(LOGS), st.integers(min_value=1, max_value=5000))
+def test_chunked_stream_equals_line_parse(log, chunk):
+    whole = parse_log(log.decode("utf-8", "replace").splitlines())
+    streamed = parse_stream(io.BytesIO(log), chunk_bytes=chunk)
+    assert streamed.events == whole.events
+    assert streamed.hparams == whole.hparams and streamed.kv_caches == whole.kv_caches
+
+
+@SETTINGS
+@given(st.dictionaries(st.sampled_from(["log", "command", "devices", "memory_before_launch", "model", "host"]),
+                       st.one_of(st.none(), st.integers(), st.text(max_size=20), st.lists(st.integers(), max_size=3),
+                                 st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3))))
+def test_odd_bundles(bundle):
+    d = analyze(bundle)
+    assert d["engine"] in ("llama.cpp", "ollama", "vllm", "sglang", "tgi", "unknown")
