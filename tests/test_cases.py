@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import pytest
 from conftest import case_dirs, load_expected
-
 from kvreport.analyze import analyze, analyze_text
 from kvreport.cmdline import parse_command
 from kvreport.excerpt import Excerpt

@@ -4,7 +4,6 @@ history and public logs; the case logs under ../shared/cases are real runs)."""
 from __future__ import annotations
 
 import pytest
-
 from kvreport.logs import clean_pasted, is_key_line, parse_log
 from kvreport.logs.common import clean_line
 

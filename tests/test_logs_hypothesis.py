@@ -7,7 +7,6 @@ import io
 from conftest import case_dirs
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from kvreport.analyze import analyze, analyze_text
 from kvreport.logs import parse_log, parse_stream
 

@@ -1,0 +1,113 @@
+"""Fix rules: the right first suggestion, exact flag changes per engine, numbers that justify them."""
+
+from __future__ import annotations
+
+from kvreport.analyze import analyze, analyze_text
+from kvreport.cmdline import parse_command
+from kvreport.fixes import Situation, suggest
+
+KV_FAIL = """llama_prepare_model_devices: using device CUDA0 (NVIDIA GeForce RTX 4060 Ti) (0000:01:00.0) - 15221 MiB free
+print_info: arch                  = llama
+print_info: n_ctx_train           = 131072
+print_info: n_layer               = 32
+print_info: n_head                = 32
+print_info: n_head_kv             = 8
+print_info: n_embd_head_k         = 128
+print_info: n_embd_head_v         = 128
+print_info: n_embd                = 4096
+load_tensors:        CUDA0 model buffer size =  4403.49 MiB
+llama_context: n_seq_max     = 1
+llama_context: n_ctx         = 131072
+llama_context: n_ctx_seq     = 131072
+llama_context: kv_unified    = true
+ggml_backend_cuda_buffer_type_alloc_buffer: allocating 16384.00 MiB on device 0: cudaMalloc failed: out of memory
+alloc_tensor_range: failed to allocate CUDA0 buffer of size 17179869184
+llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache
+"""
+
+
+def test_kv_failure_reduce_ctx_first_with_exact_numbers():
+    d = analyze_text(KV_FAIL, "llama-server -m model.gguf -c 131072 -ngl 99")
+    f = d["failure"]
+    assert (f["phase"], f["backend"], f["failing_device"], f["verdict"]) == ("kv_cache", "cuda", "CUDA0", "exceeds_free")
+    assert f["requested_mib"] == 16384.0 and f["free_mib"] == 15221.0
+    assert d["memory"]["kv_required_mib"] == 16384.0
+    assert d["memory"]["kv_mib_per_1k_tokens"] == 128.0
+    # 15221 - 4403.49 MiB of weights = 10817.51 MiB left; 128 KiB per token -> 86540 -> 86528 (multiple of 256)
+    assert d["memory"]["max_ctx_fit"]["f16"] == 86528
+    top = d["suggestions"][0]
+    assert top["id"] == "reduce-ctx"
+    assert top["change"] == {"--ctx-size": 86528}
+    assert top["command"] == "llama-server -m model.gguf -c 86528 -ngl 99"
+    assert "10,818 MiB free" in top["expected"]
+    ids = [s["id"] for s in d["suggestions"]]
+    assert ids.index("quantize-kv-cache") > 0 and "kv-cache-on-host" in ids
+
+
+def test_fits_but_failed_points_at_regression():
+    d = analyze({"log": {"lines": [[i, t] for i, t in enumerate(KV_FAIL.splitlines(), 1)]},
+                 "memory_before_launch": [{"device": "CUDA0", "free_mib": 40000}]})
+    assert d["failure"]["verdict"] == "fits_but_failed"
+    assert "bisect-regression" in [s["id"] for s in d["suggestions"]]
+
+
+def test_ollama_gets_env_vars_not_flags():
+    s = Situation(engine="ollama", phase="kv_cache", backend="cuda", n_ctx=32768, kv_mib=4096.0,
+                  cache_type_k="f16", cache_type_v="f16", kv_at=lambda **kw: 1024.0)
+    out = suggest(s)
+    assert out[0]["change"] == {"OLLAMA_CONTEXT_LENGTH": 16384}
+    q = next(x for x in out if x["id"] == "quantize-kv-cache")
+    assert q["change"] == {"OLLAMA_KV_CACHE_TYPE": "q8_0", "OLLAMA_FLASH_ATTENTION": 1}
+
+
+def test_no_memory_suggestion_for_non_memory_failures():
+    d = analyze_text("llama_model_load: error loading model: unknown model architecture: 'tinyfoo'\n"
+                     "llama_model_load_from_file_impl: failed to load model\n")
+    assert d["failure"]["phase"] == "unknown"
+    assert d["suggestions"] == []
+
+
+def test_vllm_capacity_and_negative_pool():
+    d = analyze_text("ERROR ValueError: To serve at least one request with the models's max seq len (32768), "
+                     "(4.00 GiB KV cache is needed, which is larger than the available KV cache memory (2.00 GiB). "
+                     "Based on the available memory, the estimated maximum model length is 16384. Try increasing "
+                     "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.",
+                     "vllm serve m --max-model-len 32768")
+    assert d["engine"] == "vllm" and d["failure"]["phase"] == "kv_capacity"
+    top = d["suggestions"][0]
+    assert top["id"] == "reduce-max-model-len" and top["change"] == {"--max-model-len": 16384}
+    assert top["command"] == "vllm serve m --max-model-len 16384"
+    d = analyze_text("(EngineCore_0 pid=1) INFO [gpu_worker.py:276] Available KV cache memory: -2.14 GiB\n")
+    assert d["suggestions"][0]["id"] == "raise-gpu-memory-utilization"
+
+
+def test_vllm_memory_budget():
+    d = analyze_text("ValueError: Free memory on device (31.44/47.38 GiB) on startup is less than desired GPU memory "
+                     "utilization (0.95, 45.01 GiB). Decrease GPU memory utilization or reduce GPU memory used by "
+                     "other processes.")
+    assert d["failure"]["verdict"] == "exceeds_free"
+    ids = [s["id"] for s in d["suggestions"]]
+    assert ids[:2] == ["free-device-memory", "lower-gpu-memory-utilization"]
+    assert d["suggestions"][1]["change"] == {"--gpu-memory-utilization": 0.64}
+
+
+def test_swa_full_is_dropped_first():
+    s = Situation(engine="llama.cpp", phase="kv_cache", backend="cuda", n_ctx=131072, swa_full=True, kv_mib=63488.0,
+                  kv_at=lambda **kw: 10864.0 if kw.get("swa_full") is False else 5000.0,
+                  command=parse_command("llama-server -m g.gguf -c 131072 --swa-full"))
+    out = suggest(s)
+    assert out[0]["id"] == "disable-swa-full"
+    assert out[0]["command"] == "llama-server -m g.gguf -c 131072"
+
+
+def test_alloc_limit_first_for_vulkan_limit():
+    s = Situation(engine="llama.cpp", phase="compute_buffer", backend="vulkan", failing_device="Vulkan0",
+                  verdict="exceeds_alloc_limit", requested_mib=4536.75, alloc_limit=True, n_ubatch=512)
+    assert suggest(s)[0]["id"] == "work-around-alloc-limit"
+
+
+def test_compute_on_secondary_gpu_rebalances():
+    s = Situation(engine="llama.cpp", phase="compute_buffer", backend="cuda", failing_device="CUDA2", n_devices=4,
+                  requested_mib=3076.72)
+    top = suggest(s)[0]
+    assert top["id"] == "rebalance-devices" and top["change"] == {"--tensor-split": "1,1,0.5,1"}
