@@ -12,6 +12,7 @@ When the binaries are missing the tier fails (it does not skip) under CI (``CI``
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -89,3 +90,98 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
     out["neg-not-gguf"] = models.write_not_gguf(d / "neg-not-gguf.gguf")
     out["neg-missing"] = d / "does-not-exist.gguf"
     return out
+
+
+# --------------------------------------------------------------------------- kvreport around llama.cpp
+
+ROOT = HERE.parents[1]
+TABLE_PATH = ROOT / "tests" / "artifacts" / "engine-scenarios.md"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not harness.TABLE:
+        return
+    TABLE_PATH.parent.mkdir(parents=True, exist_ok=True)
+    rows = ["| scenario | command | llama.cpp printed | kvreport said |", "|---|---|---|---|"]
+    for r in sorted(harness.TABLE):
+        rows.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in r) + " |")
+    TABLE_PATH.write_text("\n".join(rows) + "\n")
+
+
+@dataclass
+class EngineResult:
+    """One scenario: the command's run through ``kvreport run``, what llama.cpp printed, the bundle
+    kvreport wrote (or None) and ``kvreport analyze --json`` of that bundle (or None)."""
+
+    run: harness.Run
+    printed: harness.Printed
+    bundle: dict | None
+    diagnosis: dict | None
+    analyze_rc: int | None
+    workdir: Path
+
+
+class Kv:
+    """Runs kvreport (the product, as a user would: its console script) around the real llama.cpp."""
+
+    def __init__(self, llama: Llama, workdir: Path):
+        self.llama = llama
+        self.workdir = workdir
+
+    def server_cmd(self, model: Path, *args: str, port: int | None = None) -> list[str]:
+        """``llama-server -m MODEL ARGS --host 127.0.0.1 --port P`` (a fresh free port)."""
+        return ["llama-server", "-m", str(model), *args, "--host", "127.0.0.1", "--port", str(port or free_port())]
+
+    def run(self, cmd: list[str], *, always: bool = False, extra: tuple[str, ...] = (),
+            timeout: float = 90.0, name: str = "run") -> EngineResult:
+        """``kvreport run [--always] -o BUNDLE -- CMD``; a llama-server that comes up is stopped."""
+        bundle_path = self.workdir / f"{name}-bundle.json"
+        argv = harness.kvreport_argv("run", "-o", str(bundle_path), "--probe-timeout", "2",
+                                     *(["--always"] if always else []), *extra, "--", *cmd)
+        r = harness.run_stopping(argv, self.llama.env, self.workdir, timeout=timeout)
+        (self.workdir / f"{name}.log").write_text(r.output)
+        bundle = diag = rc = None
+        if bundle_path.is_file():
+            bundle = json.loads(bundle_path.read_text())
+            rc, diag = self.analyze(bundle_path)
+        return EngineResult(r, harness.printed_facts(r.output), bundle, diag, rc, self.workdir)
+
+    def raw(self, cmd: list[str], *, timeout: float = 60.0, name: str = "raw") -> tuple[harness.Run, Path]:
+        """Run the engine command itself (no kvreport) and keep its log in a file."""
+        r = harness.run_stopping(cmd, self.llama.env, self.workdir, timeout=timeout)
+        log = self.workdir / f"{name}.log"
+        log.write_text(r.output)
+        return r, log
+
+    def analyze(self, path: Path, command: str | None = None) -> tuple[int, dict | None]:
+        """``kvreport analyze PATH --json [--command CMD]``: (exit status, diagnosis)."""
+        argv = harness.kvreport_argv("analyze", str(path), "--json", *(["--command", command] if command else []))
+        rc, data, err = harness.run_json(argv, self.llama.env, self.workdir)
+        assert rc in (0, 1), f"kvreport analyze exited {rc}: {err.strip()[-800:]}"
+        assert data is not None, f"kvreport analyze printed no JSON: {err.strip()[-800:]}"
+        return rc, data
+
+    def collect(self, log: Path, command: str, *more: str, name: str = "collect") -> tuple[dict, dict]:
+        """``kvreport collect --log LOG --command CMD -o BUNDLE`` then analyze the bundle."""
+        bundle_path = self.workdir / f"{name}-bundle.json"
+        argv = harness.kvreport_argv("collect", "--log", str(log), "--command", command, "-o", str(bundle_path),
+                                     "--probe-timeout", "5", *more)
+        p = subprocess.run(argv, cwd=self.workdir, env=self.llama.env, stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, f"kvreport collect exited {p.returncode}: {(p.stderr or p.stdout).strip()[-800:]}"
+        assert bundle_path.is_file(), f"kvreport collect wrote no bundle at {bundle_path}: {p.stdout[-400:]}"
+        bundle = json.loads(bundle_path.read_text())
+        _, diag = self.analyze(bundle_path)
+        return bundle, diag
+
+    def fit(self, model: Path, *args: str) -> dict:
+        """``kvreport fit --model MODEL ARGS --free-mib 1048576 --json``."""
+        argv = harness.kvreport_argv("fit", "--model", str(model), *args, "--free-mib", "1048576", "--json")
+        rc, data, err = harness.run_json(argv, self.llama.env, self.workdir)
+        assert rc == 0 and data is not None, f"kvreport fit exited {rc}: {err.strip()[-800:]}"
+        return data
+
+
+@pytest.fixture
+def kv(llama, tmp_path) -> Kv:
+    return Kv(llama, tmp_path)

@@ -317,3 +317,19 @@ def overcommit_mode() -> int:
         return int(Path("/proc/sys/vm/overcommit_memory").read_text().strip())
     except (OSError, ValueError):
         return 0
+
+
+# --------------------------------------------------------------------------- the scenario table
+
+TABLE: list[tuple[str, str, str, str]] = []
+
+
+def record(name: str, command: str, printed: str, said: str) -> None:
+    """Add a row (scenario, command, what llama.cpp printed, what kvreport said) to the table that
+    the tier writes to tests/artifacts/engine-scenarios.md at the end of the session."""
+    TABLE.append((name, command, printed, said))
+
+
+def near(a: float | None, b: float, rel: float = 0.005, abs_mib: float = 0.01) -> bool:
+    """``a`` equals ``b`` within ``rel`` (0.5 %) or ``abs_mib`` (the 0.01 MiB printing precision)."""
+    return a is not None and abs(a - b) <= max(rel * abs(b), abs_mib)
