@@ -1,0 +1,303 @@
+"""`kvreport collect`: build a redacted bundle from the probes, a log, a command line and a model
+file; print the redaction summary and the diagnosis; write the bundle atomically; upload it when
+asked (after the user saw the summary and confirmed).
+
+The bundle follows ``kvreport.bundle`` (schema ``kvreport/bundle@1``) and is validated with
+:func:`kvreport.bundle.validate_bundle` before anything is written or sent. Redaction
+(:mod:`kvreport.redact`) happens before validation, display, writing and upload: nothing
+unredacted leaves memory. ``kvreport run`` (``kvreport.runner``) builds its bundle with the same
+:func:`build_bundle` and finishes with the same :func:`finish`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kvreport import __version__
+from kvreport.bundle import SCHEMA_ID, BundleError, new_bundle_id, validate_bundle
+from kvreport.errors import InputError, KvreportError, UploadError
+from kvreport.excerpt import Excerpt
+
+_DEVICE_PREFIX = {"cuda": "CUDA", "rocm": "ROCm", "vulkan": "Vulkan", "sycl": "SYCL", "metal": "MTL",
+                  "musa": "MUSA"}
+
+
+def device_name(device: dict) -> str:
+    """The llama.cpp-style name of a probed device (``CUDA0``, ``ROCm1``, ``Vulkan0``, ``MTL0``).
+
+    The index is the probe's (NVML orders by PCI bus; CUDA's default order is fastest first, so
+    with mixed GPUs ``CUDA0`` may differ: the entry also carries ``uuid`` / ``pci_bus_id``).
+    """
+    prefix = _DEVICE_PREFIX.get(str(device.get("backend")), str(device.get("backend") or "GPU"))
+    return f"{prefix}{device.get('index') if device.get('index') is not None else 0}"
+
+
+def memory_snapshot(probe_result: dict) -> list[dict]:
+    """``memory_before_launch`` entries from a :func:`kvreport.probes.run_all` result.
+
+    llama.cpp's own ``--list-devices`` view is used when the engine probe has one (its device
+    names and free MiB are what llama.cpp itself sees); otherwise the device probes' entries.
+    """
+    engine = probe_result.get("engine") or {}
+    listed = engine.get("list_devices") or []
+    if listed:
+        from kvreport.probes.llamacpp import backend_of
+
+        return [{"device": d["name"], "name": d.get("description"), "backend": backend_of(d["name"]),
+                 "free_mib": d.get("free_mib"), "total_mib": d.get("total_mib"),
+                 "source": "llama.cpp --list-devices"} for d in listed]
+    return [{"device": device_name(d), "name": d.get("name"), "backend": d.get("backend"),
+             "free_mib": d.get("free_mib"), "total_mib": d.get("total_mib"), "source": d.get("source")}
+            for d in probe_result.get("devices") or [] if d.get("free_mib") is not None or d.get("total_mib")]
+
+
+def _model_section(model_path: str | None, command: dict) -> dict | None:
+    path = model_path
+    from_command = False
+    if not path:
+        flag = (command.get("flags") or {}).get("model") if command else None
+        if isinstance(flag, str) and flag.lower().endswith(".gguf"):
+            path, from_command = flag, True
+    if not path:
+        return None
+    expanded = os.path.expanduser(path)
+    section: dict[str, Any] = {"path": path, "file_name": os.path.basename(path.replace("\\", "/"))}
+    if from_command and not os.path.isfile(expanded):
+        section["error"] = "not found on this machine (named in the command)"
+        return section
+    try:
+        section["size_bytes"] = os.path.getsize(expanded)
+    except OSError:
+        pass
+    try:
+        from kvreport.gguf_meta import gguf_summary, read_gguf_metadata
+
+        section["gguf"] = gguf_summary(read_gguf_metadata(expanded))
+    except KvreportError as exc:
+        section["error"] = str(exc)
+    except ImportError as exc:  # pragma: no cover - the gguf helper is part of the package
+        section["error"] = f"GGUF reader unavailable: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a model file must never stop a bundle
+        section["error"] = f"cannot read GGUF metadata: {type(exc).__name__}: {exc}"
+    return section
+
+
+def _engine_section(command: dict, probe_result: dict, log_engine: str | None) -> dict:
+    name = command.get("engine") or log_engine
+    engine: dict = {}
+    if name in (None, "llama.cpp") and probe_result.get("engine"):
+        engine = dict(probe_result["engine"])
+    elif name == "ollama" and probe_result.get("ollama"):
+        engine = dict(probe_result["ollama"])
+    elif name in ("vllm", "sglang", "tgi") and probe_result.get("python_engines"):
+        py = probe_result["python_engines"]
+        engine = {"version": py.get({"vllm": "vllm", "sglang": "sglang"}.get(name, "text-generation-server")),
+                  "packages": py}
+    if name:
+        engine["name"] = name
+    elif engine.get("name") is None:
+        engine.pop("name", None)
+    if command.get("program") and not engine.get("program"):
+        engine["program"] = command["program"]
+    return engine
+
+
+def _log_engine(excerpt: Excerpt | None) -> str | None:
+    if excerpt is None or not excerpt.line_count:
+        return None
+    try:
+        from kvreport.logs import decide_engine, parse_log
+
+        return decide_engine(parse_log(text for _n, text in excerpt.lines()))
+    except Exception:  # noqa: BLE001 - engine naming is a courtesy
+        return None
+
+
+def build_bundle(log_lines: Iterable[str] | None = None, command_line: str | list[str] | None = None,
+                 model_path: str | None = None, probe_timeout: float = 3.0,
+                 memory_before: list[dict] | None = None, log_source: str = "file", *,
+                 excerpt: Excerpt | None = None, probe_result: dict | None = None,
+                 engine_binary: str | None = None, extra_env: dict[str, str] | None = None,
+                 redactor=None) -> dict:
+    """A validated, redacted bundle dict (nothing is written).
+
+    ``log_lines``: the engine log, any iterable of lines (or pass a filled ``excerpt``);
+    ``command_line``: the command as typed (a shell line or an argv list; never fails to parse);
+    ``model_path``: a GGUF file whose header is read (a bad file gives ``model.error``; without it
+    the ``-m`` file of the command is read when it exists here); ``probe_timeout``: seconds per
+    probe; ``memory_before``: ``memory_before_launch`` entries (``kvreport run``); ``probe_result``:
+    a :func:`kvreport.probes.run_all` result to reuse; ``extra_env``: placement variables of the
+    environment the engine ran in (``kvreport run``). Raises ``BundleError`` only on a bug.
+    """
+    from kvreport import probes
+    from kvreport.cmdline import parse_command
+    from kvreport.redact import Redactor
+
+    if excerpt is None and log_lines is not None:
+        excerpt = Excerpt()
+        for line in log_lines:
+            excerpt.feed(line)
+    command = parse_command(command_line) if command_line else {}
+    if extra_env:
+        command.setdefault("env", {})
+        command["env"] = {**extra_env, **(command.get("env") or {})}
+    log_engine = _log_engine(excerpt)
+    if probe_result is None:
+        probe_result = probes.run_all(probe_timeout, engine_program=command.get("program"),
+                                      engine_binary=engine_binary, engine=command.get("engine") or log_engine)
+    bundle = {
+        "schema": SCHEMA_ID,
+        "id": new_bundle_id(),
+        "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "collector": {"name": "kvreport", "version": __version__, "probe_seconds": probe_result.get("seconds")},
+        "host": probe_result.get("host") or {},
+        "devices": (probe_result.get("devices") or [])[:64],
+        "probes": probe_result.get("probes") or {},
+        "engine": _engine_section(command, probe_result, log_engine),
+        "command": command,
+        "model": _model_section(model_path, command),
+        "log": excerpt.to_log(log_source) if excerpt is not None else None,
+        "memory_before_launch": (memory_before or [])[:64],
+        "redactions": {},
+    }
+    redactor = redactor or Redactor.for_this_machine()
+    bundle = redactor.redact_bundle(bundle)
+    return validate_bundle(json.loads(json.dumps(bundle, allow_nan=False, default=str)))
+
+
+def read_log(path: str) -> Excerpt:
+    """Feed the log file at ``path`` ('-' = stdin) through an :class:`Excerpt` (bounded memory).
+
+    Raises :class:`InputError` (one line) when it cannot be read.
+    """
+    excerpt = Excerpt()
+    try:
+        if path == "-":
+            stream = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else None
+            if stream is None:
+                for line in sys.stdin:
+                    excerpt.feed(line)
+                return excerpt
+            for raw in stream:
+                excerpt.feed(raw.decode("utf-8", "replace"))
+            return excerpt
+        if os.path.isdir(path):
+            raise InputError(f"cannot read log {path}: it is a directory")
+        with open(path, "rb") as fh:
+            for raw in fh:
+                excerpt.feed(raw.decode("utf-8", "replace"))
+    except InputError:
+        raise
+    except OSError as exc:
+        raise InputError(f"cannot read log {path}: {exc.strerror or exc}") from None
+    return excerpt
+
+
+def redaction_summary(bundle: dict) -> str:
+    """One line: what was replaced and how often (``redacted: 2 home, 1 token``)."""
+    counts = bundle.get("redactions") or {}
+    if not counts:
+        return "redacted: nothing needed redacting"
+    return "redacted: " + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+
+
+def _diagnose(bundle: dict) -> tuple[dict | None, str | None]:
+    try:
+        from kvreport.analyze import analyze
+    except ImportError as exc:
+        return None, f"diagnosis unavailable in this installation ({exc})"
+    try:
+        return analyze(bundle), None
+    except Exception as exc:  # noqa: BLE001 - the bundle is still worth writing
+        return None, f"diagnosis failed: {type(exc).__name__}: {exc}"
+
+
+def _render(diagnosis: dict, bundle: dict) -> str:
+    try:
+        from kvreport.render import render_text
+
+        return render_text(diagnosis, bundle)
+    except Exception as exc:  # noqa: BLE001
+        return f"(cannot render the diagnosis: {exc}; use --json)"
+
+
+def finish(bundle: dict, *, output: str | None = None, upload: bool = False, server: str | None = None,
+           token: str | None = None, show: bool = False, yes: bool = False, as_json: bool = False,
+           interactive: bool | None = None) -> int:
+    """Print the summary and diagnosis, write ``bundle`` atomically, upload it if asked.
+
+    Human lines go to stderr when ``as_json`` (stdout then holds only the diagnosis JSON).
+    Returns 0, or the :class:`UploadError` exit status when an upload failed (the file stays).
+    """
+    from kvreport.fsutil import write_json_atomic
+
+    err = as_json
+    diagnosis, problem = _diagnose(bundle)
+    if show:
+        click.echo(json.dumps(bundle, indent=1, ensure_ascii=False), err=err)
+    if as_json:
+        click.echo(json.dumps(diagnosis if diagnosis is not None else {"error": problem}, indent=1,
+                              ensure_ascii=False))
+    elif diagnosis is not None:
+        click.echo(_render(diagnosis, bundle))
+    if problem:
+        click.echo(f"kvreport: {problem}", err=True)
+    path = Path(output) if output else Path.cwd() / f"kvreport-{bundle['id']}.json"
+    try:
+        validate_bundle(bundle)
+        write_json_atomic(path, bundle)
+    except BundleError as exc:  # pragma: no cover - build_bundle validated it already
+        raise KvreportError(f"internal error: the bundle is not valid: {exc}") from None
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    click.echo(redaction_summary(bundle), err=True)
+    click.echo(f"wrote {path}", err=True)
+    if not upload:
+        return 0
+    interactive = (sys.stdin.isatty() and sys.stderr.isatty()) if interactive is None else interactive
+    if not yes:
+        if not interactive:
+            click.echo(f"not uploading: no terminal to confirm on; check the bundle, then run "
+                       f"`kvreport upload {path}` (or pass --yes)", err=True)
+            return 0
+        if not click.confirm(f"Upload this bundle ({redaction_summary(bundle)}) to "
+                             f"{server or 'the configured server'}?", default=False, err=True):
+            click.echo(f"not uploaded; later: kvreport upload {path}", err=True)
+            return 0
+    try:
+        from kvreport.upload import describe_answer, upload_bundle
+
+        answer = upload_bundle(bundle, server, token)
+    except UploadError as exc:
+        click.echo(f"kvreport: error: upload failed: {exc}; the bundle is kept at {path}; "
+                   f"retry with: kvreport upload {path}", err=True)
+        return exc.exit_code
+    try:
+        from kvreport.config import remember_upload
+
+        if answer.get("url"):
+            remember_upload(bundle["id"], answer["url"])
+    except Exception:  # noqa: BLE001
+        pass
+    click.echo(describe_answer(answer), err=err)
+    return 0
+
+
+def cli_collect(log_path: str | None = None, command_line: str | None = None, model_path: str | None = None,
+                output: str | None = None, upload: bool = False, server: str | None = None,
+                token: str | None = None, show: bool = False, yes: bool = False, as_json: bool = False,
+                probe_timeout: float = 3.0, **_ignored) -> int:
+    """`kvreport collect`: returns the exit status (0; 2 for an unreadable --log or a failed upload)."""
+    excerpt = read_log(log_path) if log_path else None
+    source = "stdin" if log_path == "-" else ("file" if log_path else "none")
+    bundle = build_bundle(None, command_line, model_path, probe_timeout, excerpt=excerpt, log_source=source)
+    return finish(bundle, output=output, upload=upload, server=server, token=token, show=show, yes=yes,
+                  as_json=as_json)
