@@ -18,4 +18,4 @@ class ClusterForm(FlaskForm):
     known_fix = TextAreaField("Known fix (Markdown)", validators=[Optional(), Length(max=20000)])
     issue_url = StringField("GitHub issue URL", validators=[Optional(), Length(max=500),
                                                             URL(require_tld=False, message="must be an http(s) URL")])
-    status = SelectField("Status", choices=[(s, s.replace("_", " ")) for s in CLUSTER_STATUSES])
+    status = SelectField("Status", choices=list(CLUSTER_STATUSES))

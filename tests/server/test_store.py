@@ -1,0 +1,158 @@
+"""Counters kept on upload equal a full scan; concurrent same-id uploads end as one row; re-analysis
+moves bundles between clusters in resumable batches without double counting."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter, defaultdict
+
+from kvreport_server import analysis, store
+from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet
+from server_helpers import FAILURE_CASES, bundle_from_case, minimal_bundle
+from sqlalchemy import func, select
+
+
+def scan(db) -> dict:
+    """What the counters should be, from the bundles table alone."""
+    with db.Session() as s:
+        rows = s.execute(select(Bundle)).scalars().all()
+        expect = defaultdict(lambda: {"count": 0, "machines": set(), "facets": Counter(), "days": Counter(),
+                                      "first": None, "last": None})
+        for b in rows:
+            e = expect[b.cluster_id]
+            e["count"] += 1
+            if b.machine:
+                e["machines"].add(b.machine)
+            e["facets"].update(analysis.facets(b.data, b.diagnosis))
+            t = store.as_utc(b.received_at)
+            e["days"][t.date()] += 1
+            e["first"] = min(e["first"] or t, t)
+            e["last"] = max(e["last"] or t, t)
+        got = {}
+        for c in s.execute(select(Cluster)).scalars():
+            facets = Counter({(f.kind, f.value): f.count for f in
+                              s.execute(select(ClusterFacet).where(ClusterFacet.cluster_id == c.id)).scalars()})
+            days = Counter({d.day: d.count for d in
+                            s.execute(select(ClusterDay).where(ClusterDay.cluster_id == c.id)).scalars()})
+            got[c.id] = (c.count, c.machines, facets, days, store.as_utc(c.first_seen), store.as_utc(c.last_seen))
+    want = {cid: (e["count"], len(e["machines"]), e["facets"], e["days"], e["first"], e["last"])
+            for cid, e in expect.items()}
+    for cid, val in got.items():
+        if cid not in want:
+            assert val[0] == 0 and not val[2] and not val[3], f"empty cluster {cid} keeps counts"
+    return {cid: v for cid, v in got.items() if v[0]} == want or (got, want)
+
+
+def assert_consistent(db):
+    result = scan(db)
+    assert result is True, result
+
+
+def test_counters_equal_full_scan_after_uploads_and_deletes(db):
+    ids = []
+    for i, case in enumerate(FAILURE_CASES * 2):
+        b = bundle_from_case(case)
+        if i % 3 == 0:
+            b["host"]["cpu_model"] = "shared machine"
+        assert store.ingest(db, b).status == 201
+        ids.append(b["id"])
+    assert_consistent(db)
+    for bid in ids[::4]:
+        assert store.delete_bundle(db, bid)
+    assert_consistent(db)
+    assert not store.delete_bundle(db, ids[0])
+
+
+def test_same_id_uploaded_concurrently_is_one_row(app, db, upload_token):
+    bundle = bundle_from_case("loc-17-fail-huge-ctx-verbose")
+    body = json.dumps(bundle)
+    codes = []
+    barrier = threading.Barrier(8)
+
+    def worker():
+        client = app.test_client()
+        barrier.wait()
+        r = client.post("/api/v1/bundles", data=body, headers={"Authorization": f"Bearer {upload_token}",
+                                                                "Content-Type": "application/json"})
+        codes.append(r.status_code)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(codes) == [200] * 7 + [201]
+    with db.Session() as s:
+        assert s.execute(select(func.count()).select_from(Bundle)).scalar_one() == 1
+        assert s.execute(select(func.sum(Cluster.count))).scalar_one() == 1
+    assert_consistent(db)
+
+
+def test_distinct_bundles_concurrently_all_counted(app, db, upload_token):
+    bodies = [json.dumps(bundle_from_case("loc-21-fail-ulimit-kv-600000")) for _ in range(12)]
+    codes = []
+
+    def worker(chunk):
+        client = app.test_client()
+        for body in chunk:
+            r = client.post("/api/v1/bundles", data=body, headers={"Authorization": f"Bearer {upload_token}",
+                                                                    "Content-Type": "application/json"})
+            codes.append(r.status_code)
+
+    threads = [threading.Thread(target=worker, args=(bodies[i::4],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert codes == [201] * 12
+    with db.Session() as s:
+        assert s.execute(select(func.sum(Cluster.count))).scalar_one() == 12
+    assert_consistent(db)
+
+
+def test_reanalyze_moves_bundles_resumably(db, monkeypatch):
+    bundles = [minimal_bundle(engine={"name": "llama.cpp", "version": f"b{6000 + i}", "build_number": 6000 + i})
+               for i in range(10)]
+    for b in bundles:
+        store.ingest(db, b)
+    with db.Session() as s:
+        before = s.execute(select(Cluster.id, Cluster.count).where(Cluster.count > 0)).all()
+    assert len(before) == 1 and before[0].count == 10
+
+    real = analysis.diagnose
+
+    def diagnose_v2(bundle):
+        d = real(bundle)
+        if (bundle.get("engine") or {}).get("build_number", 0) % 2:
+            d = {**d, "signature": {**d["signature"], "key": "llama.cpp/kv_cache/cpu/odd-build",
+                                    "title": "odd builds", "id": "odd"}}
+        return {**d, "analyzer_version": "test-v2"}
+
+    monkeypatch.setattr(analysis, "diagnose", diagnose_v2)
+    monkeypatch.setattr(analysis, "analyzer_version", lambda: "test-v2")
+    first = store.reanalyze(db, batch_size=3, max_batches=1)  # stopped after one batch
+    assert first["seen"] == 3 and first["remaining"] == 7
+    assert_consistent(db)
+    rest = store.reanalyze(db, batch_size=3)
+    assert rest["seen"] == 7 and rest["remaining"] == 0
+    assert_consistent(db)
+    assert store.reanalyze(db)["seen"] == 0
+    with db.Session() as s:
+        counts = sorted(s.execute(select(Cluster.count).where(Cluster.count > 0)).scalars())
+        odd = s.execute(select(Cluster).where(Cluster.key == "llama.cpp/kv_cache/cpu/odd-build")).scalar_one()
+    assert counts == [5, 5]
+    assert odd.min_build == 6001 and odd.max_build == 6009 and odd.first_version == "b6001"
+
+
+def test_regression_view(client, db):
+    from kvreport_server.queries import cluster_detail
+
+    for build in (6100, 6101, 6102):
+        store.ingest(db, minimal_bundle(engine={"name": "llama.cpp", "version": f"b{build}", "build_number": build}))
+    other = minimal_bundle(engine={"name": "llama.cpp", "version": "b7000", "build_number": 7000},
+                           log={"line_count": 1, "truncated": False, "lines": [[1, "main: server is listening"]]})
+    cid_other = store.ingest(db, other).cluster.id
+    with db.Session() as s:
+        d = cluster_detail(s, cid_other)
+    assert d["regression"] == {"first_build": 7000, "first_version": "b7000", "earlier_bundles": 3}
