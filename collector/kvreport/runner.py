@@ -1,0 +1,234 @@
+"""`kvreport run [collect options] -- CMD ARGS...`: run an engine, keep its log, explain a failure.
+
+1. The probes record free memory per device immediately before launch (``memory_before_launch``;
+   llama.cpp's own ``--list-devices`` view when the engine is a llama.cpp binary).
+2. CMD runs without a shell. Its stdout and stderr go to the terminal as they arrive (byte for
+   byte, progress dots included) and, merged in arrival order, into a bounded
+   :class:`kvreport.excerpt.Excerpt` (key lines + tail), so a server that logs for days costs
+   little memory.
+3. Signals: SIGTERM and SIGHUP sent to kvreport are forwarded to CMD. Ctrl-C at a terminal already
+   reaches CMD (it shares kvreport's foreground process group), so it is not sent twice (llama-server
+   treats a second SIGINT as "terminate now"); a SIGINT sent to kvreport alone (no terminal) is
+   forwarded.
+4. kvreport exits with CMD's status (128 + N when CMD was killed by signal N; 127 when CMD cannot be
+   found, 126 when it cannot be executed). On failure (status != 0), or always with ``--always``,
+   it collects a bundle from what CMD printed and finishes like ``kvreport collect``.
+
+Since llama.cpp b9151 the model, context and KV size lines are printed only at verbosity 4
+(shared/reference/kv-facts.md §1.1): for llama.cpp programs built on ``common`` (llama-server,
+llama-cli, llama-completion…) ``run`` appends ``-lv 4`` unless the command already sets a
+verbosity (``-lv``, ``--verbosity``, ``--log-verbosity``, ``-v``, ``LLAMA_ARG_LOG_VERBOSITY``), the
+build is known to be older than b9151, or ``--keep-verbosity`` is given; it says so on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+
+import click
+
+from kvreport.excerpt import Excerpt
+
+VERBOSITY_FLAGS = {"-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-verbose"}
+LV_SINCE_BUILD = 9151
+_COMMON_PROGRAMS = {
+    "llama-server", "llama-cli", "llama-completion", "llama-mtmd-cli", "llama-fit-params", "llama-embedding",
+    "llama-perplexity", "llama-speculative", "llama-speculative-simple", "llama-lookup", "llama-parallel",
+    "llama-passkey", "llama-retrieval", "llama-imatrix", "llama-batched", "llama-save-load-state",
+    "llama-eval-callback", "llama-tts", "llama-diffusion-cli", "llama-llava-cli", "llama-gemma3-cli",
+    "llama-qwen2vl-cli", "llama-minicpmv-cli", "ik_llama-server",
+}
+
+
+def resolve_program(name: str) -> str | None:
+    """Absolute path of CMD's program as the shell would find it (PATH for bare names), or None."""
+    if os.sep in name or (os.altsep and os.altsep in name):
+        return os.path.abspath(name) if os.path.exists(name) else None
+    found = shutil.which(name)
+    return os.path.abspath(found) if found else None
+
+
+def wants_verbosity(cmd: list[str], parsed: dict, build_number: int | None,
+                    environ: dict[str, str] | None = None) -> bool:
+    """True when ``-lv 4`` should be appended to ``cmd`` (see the module docstring)."""
+    environ = os.environ if environ is None else environ
+    program = (parsed.get("program") or "").lower().removesuffix(".exe")
+    if parsed.get("engine") != "llama.cpp" or program not in _COMMON_PROGRAMS:
+        return False
+    engine_argv = parsed.get("engine_argv") or []
+    if not engine_argv or cmd[-len(engine_argv):] != engine_argv:
+        return False  # the engine is inside bash -c '…' or similar: leave the command alone
+    if any(a.split("=", 1)[0] in VERBOSITY_FLAGS for a in engine_argv[1:]):
+        return False
+    if "LLAMA_ARG_LOG_VERBOSITY" in environ or "LLAMA_ARG_LOG_VERBOSITY" in (parsed.get("env") or {}):
+        return False
+    if build_number is not None and build_number < LV_SINCE_BUILD:
+        return False
+    return True
+
+
+class _Capture:
+    """Splits the child's byte chunks into lines for the excerpt (thread-safe, arrival order)."""
+
+    def __init__(self, excerpt: Excerpt):
+        self.excerpt = excerpt
+        self.lock = threading.Lock()
+        self.partial: dict[str, bytes] = {}
+
+    def feed(self, stream: str, data: bytes) -> None:
+        with self.lock:
+            buf = self.partial.get(stream, b"") + data
+            *lines, rest = buf.split(b"\n")
+            for raw in lines:
+                self.excerpt.feed(raw.decode("utf-8", "replace"))
+            if len(rest) > 1 << 20:  # a line without end: keep it bounded
+                self.excerpt.feed(rest.decode("utf-8", "replace"))
+                rest = b""
+            self.partial[stream] = rest
+
+    def close(self) -> None:
+        with self.lock:
+            for rest in self.partial.values():
+                if rest:
+                    self.excerpt.feed(rest.decode("utf-8", "replace"))
+            self.partial.clear()
+
+
+def _pump(pipe, out_stream, name: str, capture: _Capture) -> None:
+    fd = pipe.fileno()
+    target = getattr(out_stream, "buffer", None)
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        try:
+            if target is not None:
+                target.write(data)
+                target.flush()
+            else:
+                out_stream.write(data.decode("utf-8", "replace"))
+                out_stream.flush()
+        except (OSError, ValueError):
+            pass  # the terminal went away: keep capturing
+        capture.feed(name, data)
+    try:
+        pipe.close()
+    except OSError:
+        pass
+
+
+def execute(argv: list[str], excerpt: Excerpt) -> int:
+    """Run ``argv`` (no shell), tee its output into ``excerpt``, forward signals; return its status
+    as a shell reports it (128 + N for signal N)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, shell=False)
+    capture = _Capture(excerpt)
+    threads = [threading.Thread(target=_pump, args=(proc.stdout, sys.stdout, "out", capture), daemon=True),
+               threading.Thread(target=_pump, args=(proc.stderr, sys.stderr, "err", capture), daemon=True)]
+    for t in threads:
+        t.start()
+
+    def same_foreground_group() -> bool:
+        try:
+            return sys.stdin.isatty() and os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+        except (OSError, AttributeError, ValueError):
+            return False
+
+    def forward(signum, _frame):
+        if signum == signal.SIGINT and same_foreground_group():
+            return  # the terminal sent it to the child as well
+        try:
+            proc.send_signal(signum)
+        except (ProcessLookupError, OSError):
+            pass
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if sig is not None:
+                previous[sig] = signal.signal(sig, forward)
+    try:
+        while True:
+            try:
+                rc = proc.wait()
+                break
+            except KeyboardInterrupt:  # pragma: no cover - handled by forward()
+                continue
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    for t in threads:
+        t.join(timeout=5.0)
+    capture.close()
+    return 128 - rc if rc < 0 else rc
+
+
+def cli_run(cmd: list[str], log_path: str | None = None, command_line: str | None = None,
+            model_path: str | None = None, output: str | None = None, upload: bool = False,
+            server: str | None = None, token: str | None = None, show: bool = False, yes: bool = False,
+            as_json: bool = False, probe_timeout: float = 3.0, keep_verbosity: bool = False,
+            always: bool = False, **_ignored) -> int:
+    """`kvreport run`: returns CMD's exit status (127 when CMD is not found, 126 when not executable)."""
+    from kvreport import probes
+    from kvreport.cmdline import parse_command, placement_env
+    from kvreport.collect import build_bundle, finish, memory_snapshot, read_log
+
+    cmd = list(cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        click.echo("kvreport: error: nothing to run: kvreport run [options] -- CMD ARGS...", err=True)
+        return 2
+    program = resolve_program(cmd[0])
+    if program is None:
+        click.echo(f"kvreport: error: {cmd[0]}: command not found", err=True)
+        return 127
+    if not os.access(program, os.X_OK) or os.path.isdir(program):
+        click.echo(f"kvreport: error: {cmd[0]}: permission denied (not an executable file)", err=True)
+        return 126
+    parsed = parse_command(cmd)
+    engine_binary = None
+    if parsed.get("engine_argv") and parsed["engine_argv"][0] == cmd[0]:
+        engine_binary = program
+    elif parsed.get("program"):
+        engine_binary = resolve_program(parsed["engine_argv"][0]) if parsed.get("engine_argv") else None
+    before = probes.run_all(probe_timeout, engine_program=parsed.get("program"),
+                            engine_binary=engine_binary if probes.is_llama_program(parsed.get("program")) else None,
+                            engine=parsed.get("engine"))
+    memory_before = memory_snapshot(before)
+    run_argv = [program, *cmd[1:]]
+    build = (before.get("engine") or {}).get("build_number")
+    if not keep_verbosity and wants_verbosity(cmd, parsed, build):
+        run_argv += ["-lv", "4"]
+        click.echo("kvreport: added -lv 4 so that llama.cpp prints its model, context and KV sizes "
+                   "(--keep-verbosity to run the command unchanged)", err=True)
+    excerpt = Excerpt()
+    try:
+        status = execute(run_argv, excerpt)
+    except OSError as exc:
+        click.echo(f"kvreport: error: {cmd[0]}: {exc.strerror or exc}", err=True)
+        return 126
+    if status == 0 and not always:
+        return 0
+    if log_path:
+        excerpt = read_log(log_path)
+    try:
+        bundle = build_bundle(None, cmd, model_path, probe_timeout, memory_before=memory_before,
+                              log_source="kvreport run" if not log_path else "file", excerpt=excerpt,
+                              engine_binary=engine_binary if probes.is_llama_program(parsed.get("program")) else None,
+                              extra_env=placement_env())
+        bundle.setdefault("collector", {})["exit_status"] = status
+        finish(bundle, output=output, upload=upload, server=server, token=token, show=show, yes=yes,
+               as_json=as_json)
+    except Exception as exc:  # noqa: BLE001 - the child's status matters more than the bundle
+        if os.environ.get("KVREPORT_DEBUG"):
+            raise
+        click.echo(f"kvreport: error: could not collect a bundle: {exc}", err=True)
+    return status

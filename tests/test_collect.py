@@ -1,0 +1,226 @@
+"""kvreport.collect: build_bundle, kvreport collect (CLI), atomic writes, upload confirmation."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import SHARED_CASES
+from kvreport import collect, fsutil, probes
+from kvreport.bundle import validate_bundle
+from kvreport.cli import main
+from kvreport.errors import UploadError
+
+FAKE_PROBES = {
+    "host": {"os": "Linux", "ram_total_mib": 32000.0, "ram_free_mib": 20000.0},
+    "devices": [{"backend": "cuda", "index": 0, "name": "NVIDIA GeForce RTX 3090", "total_mib": 24576.0,
+                 "free_mib": 23131.0, "used_mib": 1180.0, "source": "nvml"}],
+    "engine": {}, "ollama": None, "python_engines": None,
+    "probes": {"host": "ok", "nvml": "ok", "vulkan": "absent"}, "seconds": 0.01,
+}
+
+
+@pytest.fixture(autouse=True)
+def fixed_probes(monkeypatch):
+    """The machine's real tools never matter here: probes answer as a one-GPU box."""
+    calls = []
+
+    def run_all(timeout=3.0, **kw):
+        calls.append((timeout, kw))
+        return json.loads(json.dumps(FAKE_PROBES))
+
+    monkeypatch.setattr(probes, "run_all", run_all)
+    return calls
+
+
+def _case(name: str) -> Path:
+    path = SHARED_CASES / name
+    if not path.is_dir():
+        pytest.skip(f"shared case {name} not available")
+    return path
+
+
+# --- build_bundle --------------------------------------------------------------------------------
+
+
+def test_build_bundle_from_case(fixed_probes):
+    case = _case("loc-15-fail-huge-ctx-fit-default")
+    lines = (case / "log.txt").read_text().splitlines()
+    bundle = collect.build_bundle(lines, (case / "command.txt").read_text(), None, 1.5)
+    validate_bundle(bundle)
+    assert bundle["schema"] == "kvreport/bundle@1" and len(bundle["id"]) == 26
+    assert bundle["created_at"].endswith("Z")
+    assert bundle["command"]["flags"]["n_ctx"] == 131072 and bundle["command"]["program"] == "llama-server"
+    assert bundle["engine"]["name"] == "llama.cpp"
+    assert bundle["log"]["line_count"] == len(lines) and bundle["log"]["source"] == "file"
+    assert bundle["devices"][0]["name"] == "NVIDIA GeForce RTX 3090"
+    assert bundle["probes"]["nvml"] == "ok"
+    assert bundle["model"] == {"path": "/models/tiny-fatkv.gguf", "file_name": "tiny-fatkv.gguf",
+                               "error": "not found on this machine (named in the command)"}
+    assert fixed_probes[0][0] == 1.5 and fixed_probes[0][1]["engine_program"] == "llama-server"
+
+
+def test_log_only_llamacpp_leaves_flags_empty():
+    case = _case("loc-17-fail-huge-ctx-verbose")
+    bundle = collect.build_bundle((case / "log.txt").read_text().splitlines(), None, None, 1.0)
+    assert bundle["command"] == {}
+    assert bundle["engine"].get("name") == "llama.cpp"
+
+
+def test_any_command_line_is_accepted():
+    for line in ["'unclosed", "&& || ;;", "cd /x && make -j", "\x00\x01", "docker run", "a" * 10000]:
+        bundle = collect.build_bundle(["hello"], line, None, 1.0)
+        assert bundle["command"]["line"] == line.replace("\x00", "\x00")
+
+
+def test_model_file_read_and_bad_model(tmp_path):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tinygguf import dense
+
+    good = tmp_path / "tiny.gguf"
+    dense(good)
+    bundle = collect.build_bundle(None, None, str(good), 1.0)
+    assert bundle["model"]["file_name"] == "tiny.gguf" and bundle["model"]["size_bytes"] == good.stat().st_size
+    assert bundle["model"]["gguf"]["general.architecture"] == "llama"
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOTGGUF" * 10)
+    bundle = collect.build_bundle(None, None, str(bad), 1.0)
+    assert "not a GGUF file" in bundle["model"]["error"] and "gguf" not in bundle["model"]
+    bundle = collect.build_bundle(None, f"llama-server -m {good} -c 512", None, 1.0)  # -m of the command
+    assert bundle["model"]["gguf"]["llama.block_count"] == 4
+
+
+def test_memory_snapshot_prefers_llama_list_devices():
+    result = {"devices": FAKE_PROBES["devices"],
+              "engine": {"list_devices": [{"name": "CUDA0", "description": "NVIDIA GeForce RTX 3090",
+                                           "total_mib": 24126.0, "free_mib": 23863.0}]}}
+    assert collect.memory_snapshot(result) == [{"device": "CUDA0", "name": "NVIDIA GeForce RTX 3090",
+                                                "backend": "cuda", "free_mib": 23863.0, "total_mib": 24126.0,
+                                                "source": "llama.cpp --list-devices"}]
+    assert collect.memory_snapshot({"devices": FAKE_PROBES["devices"]})[0]["device"] == "CUDA0"
+
+
+# --- atomic writes -------------------------------------------------------------------------------
+
+
+def test_write_json_atomic_never_leaves_partial(tmp_path, monkeypatch):
+    target = tmp_path / "b.json"
+    fsutil.write_json_atomic(target, {"a": 1})
+    assert json.loads(target.read_text()) == {"a": 1}
+
+    def broken_replace(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError):
+        fsutil.write_json_atomic(target, {"a": 2, "big": "x" * 100000})
+    assert json.loads(target.read_text()) == {"a": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json"]
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+
+
+def _invoke(args, input=None):
+    return CliRunner().invoke(main, args, input=input, catch_exceptions=False)
+
+
+def test_cli_collect_writes_bundle_and_prints(tmp_path):
+    case = _case("loc-21-fail-ulimit-kv-600000")
+    out = tmp_path / "b.json"
+    r = _invoke(["collect", "--log", str(case / "log.txt"), "--command", (case / "command.txt").read_text(),
+                 "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "redacted:" in r.output and f"wrote {out}" in r.output
+    bundle = validate_bundle(json.loads(out.read_text()))
+    assert bundle["command"]["flags"]["n_ctx"] == 65536
+
+
+def test_cli_collect_json_is_only_json_on_stdout(tmp_path):
+    case = _case("loc-21-fail-ulimit-kv-600000")
+    r = CliRunner().invoke(main, ["collect", "--log", str(case / "log.txt"), "--json", "-o", str(tmp_path / "b.json")],
+                           catch_exceptions=False)
+    assert r.exit_code == 0
+    diag = json.loads(r.stdout)
+    assert diag["engine"] == "llama.cpp" and "failure" in diag
+
+
+def test_cli_collect_show(tmp_path):
+    r = _invoke(["collect", "--show", "-o", str(tmp_path / "b.json"), "--command", "llama-server -c 1024"])
+    assert r.exit_code == 0
+    assert '"schema": "kvreport/bundle@1"' in r.output
+
+
+def test_cli_collect_unreadable_log(tmp_path):
+    r = CliRunner().invoke(main, ["collect", "--log", str(tmp_path / "missing.log"), "-o", str(tmp_path / "b.json")])
+    assert r.exit_code == 2
+    assert r.stderr.strip().count("\n") == 0 and r.stderr.startswith("kvreport: error: cannot read log")
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_cli_collect_stdin_log(tmp_path):
+    r = CliRunner().invoke(main, ["collect", "--log", "-", "-o", str(tmp_path / "b.json")],
+                           input="llama_kv_cache: size = 1024.00 MiB\n")
+    assert r.exit_code == 0
+    assert json.loads((tmp_path / "b.json").read_text())["log"]["source"] == "stdin"
+
+
+def test_upload_needs_confirmation_without_tty(tmp_path, monkeypatch):
+    called = []
+    monkeypatch.setattr("kvreport.upload.upload_bundle", lambda *a: called.append(a) or {})
+    r = _invoke(["collect", "--upload", "--server", "http://127.0.0.1:9", "--token", "t", "-o",
+                 str(tmp_path / "b.json")])
+    assert r.exit_code == 0 and not called
+    assert "not uploading" in r.output and "--yes" in r.output
+
+
+def test_upload_failure_keeps_bundle(tmp_path, monkeypatch):
+    def fail(bundle, server, token):
+        raise UploadError("cannot reach http://127.0.0.1:9")
+
+    monkeypatch.setattr("kvreport.upload.upload_bundle", fail)
+    out = tmp_path / "b.json"
+    r = _invoke(["collect", "--upload", "--yes", "--server", "http://127.0.0.1:9", "--token", "t", "-o", str(out)])
+    assert r.exit_code == 2
+    assert out.is_file() and f"kvreport upload {out}" in r.output
+
+
+def test_upload_confirmed_and_sent(tmp_path, monkeypatch):
+    sent = []
+
+    def ok(bundle, server, token):
+        sent.append((bundle["id"], server, token))
+        return {"id": bundle["id"], "url": f"{server}/bundles/{bundle['id']}",
+                "cluster": {"id": 1, "key": "k", "title": "t", "count": 3}}
+
+    monkeypatch.setattr("kvreport.upload.upload_bundle", ok)
+    monkeypatch.setattr("kvreport.config.remember_upload", lambda *a: None)
+    out = tmp_path / "b.json"
+    bundle = collect.build_bundle(["x"], "llama-server -c 1", None, 1.0)
+    r = CliRunner().invoke(main, ["collect", "--upload", "--server", "http://srv", "--token", "tok", "-o", str(out)],
+                           input="y\n", catch_exceptions=False)
+    assert not sent and r.exit_code == 0  # CliRunner has no TTY: nothing is sent without --yes
+    answers = []
+    monkeypatch.setattr("click.confirm", lambda text, **kw: answers.append(text) or False)
+    assert collect.finish(bundle, output=str(out), upload=True, server="http://srv", token="tok",
+                          interactive=True) == 0
+    assert not sent and "redacted:" in answers[0] and "http://srv" in answers[0]
+    monkeypatch.setattr("click.confirm", lambda text, **kw: True)
+    assert collect.finish(bundle, output=str(out), upload=True, server="http://srv", token="tok",
+                          interactive=True) == 0
+    assert sent == [(bundle["id"], "http://srv", "tok")]
+
+
+def test_help_imports_no_server_requests_numpy():
+    code = ("import sys\nfrom kvreport.cli import main\n"
+            "for args in (['--help'], ['collect', '--help'], ['run', '--help']):\n"
+            "    try:\n        main(args)\n    except SystemExit:\n        pass\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('kvreport_server', 'requests', 'numpy', 'gguf', 'flask'))\n"
+            "print('BAD', bad, file=sys.stderr)\n")
+    p = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, timeout=60)
+    assert "BAD []" in p.stderr, p.stderr[-2000:]
