@@ -8,6 +8,20 @@ from kvreport_server.models import CLUSTER_STATUSES
 from kvreport_server.queries import SORTS
 
 
+class SafeString(fields.String):
+    """A string PostgreSQL can store and compare: no NUL characters, no lone surrogates."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        text = super()._deserialize(value, attr, data, **kwargs)
+        if "\x00" in text:
+            raise ValidationError("must not contain NUL characters")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValidationError("must be valid Unicode text") from None
+        return text
+
+
 class ApiErrorDetailSchema(Schema):
     code = fields.String(required=True)
     message = fields.String(required=True)
@@ -123,15 +137,15 @@ class ClusterQuerySchema(Schema):
     class Meta:
         unknown = EXCLUDE
 
-    engine = fields.String(validate=validate.Length(max=100))
-    backend = fields.String(validate=validate.Length(max=100))
-    phase = fields.String(validate=validate.Length(max=100))
-    verdict = fields.String(validate=validate.Length(max=100))
-    version = fields.String(validate=validate.Length(max=100))
-    gpu = fields.String(validate=validate.Length(max=200))
-    status = fields.String(validate=validate.OneOf(CLUSTER_STATUSES))
-    q = fields.String(validate=validate.Length(max=200))
-    sort = fields.String(load_default="count", validate=validate.OneOf(SORTS))
+    engine = SafeString(validate=validate.Length(max=100))
+    backend = SafeString(validate=validate.Length(max=100))
+    phase = SafeString(validate=validate.Length(max=100))
+    verdict = SafeString(validate=validate.Length(max=100))
+    version = SafeString(validate=validate.Length(max=100))
+    gpu = SafeString(validate=validate.Length(max=200))
+    status = SafeString(validate=validate.OneOf(CLUSTER_STATUSES))
+    q = SafeString(validate=validate.Length(max=200))
+    sort = SafeString(load_default="count", validate=validate.OneOf(SORTS))
     page = fields.Integer(load_default=1, validate=validate.Range(min=1, max=100000))
     per_page = fields.Integer(load_default=None, validate=validate.Range(min=1, max=200))
 
@@ -140,9 +154,9 @@ class ClusterPatchSchema(Schema):
     class Meta:
         unknown = "raise"
 
-    known_fix = fields.String(allow_none=True, validate=validate.Length(max=20000))
-    issue_url = fields.String(allow_none=True, validate=validate.Length(max=500))
-    status = fields.String(validate=validate.OneOf(CLUSTER_STATUSES))
+    known_fix = SafeString(allow_none=True, validate=validate.Length(max=20000))
+    issue_url = SafeString(allow_none=True, validate=validate.Length(max=500))
+    status = SafeString(validate=validate.OneOf(CLUSTER_STATUSES))
 
     @validates("issue_url")
     def _url(self, value, **_kw):

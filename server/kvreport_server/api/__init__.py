@@ -26,6 +26,10 @@ def init_api(app: Flask) -> Api:
         "components": {"securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}}},
     })
     api = KvreportApi(app)
+    from kvreport.bundle import BundleSchema
+
+    if "Bundle" not in api.spec.components.schemas:
+        api.spec.components.schema("Bundle", schema=BundleSchema)
     api.register_blueprint(bundles.blp)
     api.register_blueprint(clusters.blp)
     return api

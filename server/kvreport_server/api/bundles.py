@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from flask import current_app, request
 from flask.views import MethodView
 from flask_smorest import Blueprint
@@ -20,14 +22,13 @@ blp = Blueprint("bundles", __name__, url_prefix="/api/v1", description="Bundles:
 BUNDLE_ID = r"^[0-9A-HJKMNP-TV-Z]{26}$"
 UPLOAD_BODY = {
     "required": True,
-    "content": {"application/json": {"schema": {
-        "type": "object", "description": "a kvreport bundle (kvreport/bundle@1); may be sent gzip-compressed",
-        "required": ["schema", "id", "created_at"],
-        "properties": {"schema": {"type": "string", "enum": ["kvreport/bundle@1"]},
-                       "id": {"type": "string", "pattern": BUNDLE_ID},
-                       "created_at": {"type": "string"}},
-    }}},
+    "description": "a kvreport bundle (kvreport/bundle@1); may be sent with Content-Encoding: gzip",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Bundle"}}},
 }
+
+
+def is_bundle_id(text: str) -> bool:
+    return re.fullmatch(BUNDLE_ID, text) is not None
 
 
 def parse_upload() -> tuple[dict, int]:
@@ -108,7 +109,7 @@ class BundleItem(MethodView):
     def get(self, bundle_id: str):
         auth.require_read()
         session = get_session()
-        row = session.get(Bundle, bundle_id) if len(bundle_id) == 26 else None
+        row = session.get(Bundle, bundle_id) if is_bundle_id(bundle_id) else None
         if row is None:
             raise ApiError(404, f"no bundle {bundle_id[:40]}", code="not_found")
         return bundle_response(row, session.get(Cluster, row.cluster_id))
@@ -118,6 +119,6 @@ class BundleItem(MethodView):
     @error_responses(blp, 401, 403, 404, 429)
     def delete(self, bundle_id: str):
         auth.require_scope("admin")
-        if len(bundle_id) != 26 or not store.delete_bundle(get_db(), bundle_id):
+        if not is_bundle_id(bundle_id) or not store.delete_bundle(get_db(), bundle_id):
             raise ApiError(404, f"no bundle {bundle_id[:40]}", code="not_found")
         return {"id": bundle_id, "deleted": True}

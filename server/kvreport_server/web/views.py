@@ -20,6 +20,7 @@ from marshmallow import ValidationError
 from sqlalchemy import text
 
 from kvreport_server import analysis, auth
+from kvreport_server.api.bundles import is_bundle_id
 from kvreport_server.db import get_db, get_session
 from kvreport_server.errors import ApiError
 from kvreport_server.models import CLUSTER_STATUSES, Bundle, Cluster
@@ -101,7 +102,7 @@ def cluster(cluster_id: int):
 
 
 def _bundle_or_404(bundle_id: str) -> Bundle:
-    row = get_session().get(Bundle, bundle_id) if len(bundle_id) == 26 else None
+    row = get_session().get(Bundle, bundle_id) if is_bundle_id(bundle_id) else None
     if row is None:
         abort(404)
     return row
