@@ -268,3 +268,17 @@ def test_is_key_line_keeps_what_parsers_use_and_drops_noise():
     assert is_key_line("Available KV cache memory: -2.14 GiB")
     assert not is_key_line("slot update_slots: id  0 | task 5 | prompt processing progress, n_past = 10")
     assert not is_key_line(".......................")
+
+
+def test_parse_file_grep_and_python_paths_agree_with_parse_log():
+    from conftest import case_dirs
+    from kvreport.logs import parse_file
+
+    for case in case_dirs():
+        p = case / "log.txt"
+        whole = parse_log(p.read_bytes().decode("utf-8", "replace").splitlines())
+        for use_grep in (True, False):
+            got = parse_file(p, use_grep=use_grep)
+            assert got.events == whole.events, (case.name, use_grep)
+            assert got.hparams == whole.hparams and got.kv_caches == whole.kv_caches
+            assert got.line_count == whole.line_count

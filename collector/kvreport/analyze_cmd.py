@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 
 from kvreport.analyze import _parse_command, analyze, diagnose
 from kvreport.errors import InputError
-from kvreport.logs import parse_stream
+from kvreport.logs import parse_file, parse_stream
 from kvreport.render import render_text
 
 
@@ -45,8 +46,12 @@ def _diagnose(fh, command_line: str | None) -> tuple[dict, dict | None]:
         if command_line:
             bundle["command"] = _parse_command(command_line)
         return analyze(bundle), bundle
-    stream = io.BufferedReader(_Chain(head, fh)) if head else fh
-    facts = parse_stream(stream)
+    name = getattr(fh, "name", None)
+    if isinstance(name, str) and os.path.isfile(name):
+        facts = parse_file(name)  # grep -F prefilter when available: big logs at near grep speed
+    else:
+        stream = io.BufferedReader(_Chain(head, fh)) if head else fh
+        facts = parse_stream(stream)
     extra = {"command": _parse_command(command_line)} if command_line else {}
     return diagnose(facts, extra), None
 

@@ -8,6 +8,7 @@ API used by the rest of the package (docs/architecture.md):
 * :func:`parse_log` — one streaming pass over lines -> :class:`LogFacts`; never raises.
 * :func:`parse_stream` — the same over a binary/text file object, read in chunks with a fast
   prefilter (used for big files: only key lines reach the Python-level parsers).
+* :func:`parse_file` — a file on disk, with ``grep -F`` as the prefilter when available.
 
 Modules: :mod:`.common` (framing), :mod:`.llamacpp` (llama.cpp and programs built on it),
 :mod:`.ollama`, :mod:`.vllm`, :mod:`.sglang`, :mod:`.tgi`.
@@ -22,7 +23,8 @@ from kvreport.logs import llamacpp, ollama, sglang, tgi, vllm
 from kvreport.logs.common import clean_line, clean_pasted
 from kvreport.logs.facts import LogFacts
 
-__all__ = ["LogFacts", "clean_pasted", "clean_line", "is_key_line", "parse_log", "parse_stream", "decide_engine"]
+__all__ = ["LogFacts", "clean_pasted", "clean_line", "is_key_line", "parse_log", "parse_stream", "parse_file",
+           "decide_engine"]
 
 _PARSERS = (llamacpp, ollama, vllm, sglang, tgi)
 KEYWORDS: tuple[str, ...] = tuple(sorted({k for p in _PARSERS for k in p.KEYWORDS}))
@@ -117,6 +119,60 @@ def parse_stream(fileobj, chunk_bytes: int = 8 << 20) -> LogFacts:
     f.line_count = lineno
     f.engine = decide_engine(f)
     return f
+
+
+def parse_file(path, use_grep: bool = True) -> LogFacts:
+    """:func:`parse_stream` for a file on disk, with ``grep -F`` as the prefilter when there is one.
+
+    ``grep -a -n -F`` with the parsers' keywords (the same literal set as :func:`is_key_line`)
+    finds the key lines at grep's speed; Python then counts the lines (``bytes.count``) and parses
+    only the key lines, in order. Without a usable grep (Windows, a failure) the pure-Python chunk
+    scan is used. Same facts either way. Raises OSError when the file cannot be read.
+    """
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    grep = shutil.which("grep") if use_grep else None
+    with open(path, "rb") as fh:
+        if grep is None:
+            return parse_stream(fh)
+        kw = None
+        try:
+            with tempfile.NamedTemporaryFile("wb", suffix=".kw", delete=False) as kwf:
+                kwf.write("\n".join(KEYWORDS).encode())
+                kw = kwf.name
+            proc = subprocess.Popen([grep, "-a", "-n", "-F", "-f", kw, "--", os.fspath(path)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    env={**os.environ, "LC_ALL": "C"})
+            f = LogFacts()
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                num, _, text = raw.partition(b":")
+                if num.isdigit():
+                    _feed_one(f, text, int(num))
+            proc.wait()
+            if proc.returncode not in (0, 1):
+                fh.seek(0)
+                return parse_stream(fh)
+        finally:
+            if kw:
+                try:
+                    os.unlink(kw)
+                except OSError:
+                    pass
+        n = 0
+        last = b"\n"
+        while True:
+            chunk = fh.read(16 << 20)
+            if not chunk:
+                break
+            n += chunk.count(b"\n")
+            last = chunk[-1:]
+        f.line_count = n + (0 if last == b"\n" else 1)
+        f.engine = decide_engine(f)
+        return f
 
 
 def _scan(f: LogFacts, body: bytes, lineno: int) -> int:
