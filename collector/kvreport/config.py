@@ -20,8 +20,6 @@ import json
 import os
 from pathlib import Path
 
-from kvreport.fsutil import write_json_atomic
-
 
 def config_dir() -> Path:
     """The directory of ``config.ini`` (``KVREPORT_CONFIG_DIR`` or the platform's user config dir)."""
@@ -75,6 +73,8 @@ def _uploads_path() -> Path:
 
 def remember_upload(bundle_id: str, url: str) -> None:
     """Record that bundle ``bundle_id`` lives at ``url`` (best effort: a read-only home is fine)."""
+    from kvreport.fsutil import write_json_atomic
+
     path = _uploads_path()
     try:
         known = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}

@@ -21,7 +21,7 @@ from kvreport.errors import InputError, UploadError
 
 RETRY_TOTAL = 4
 RETRY_BACKOFF = 0.5  # seconds: 0.5, 1, 2, 4 between tries
-TIMEOUT = (5.0, 60.0)  # connect, read (seconds)
+TIMEOUT = (5.0, 30.0)  # connect, read (seconds)
 
 
 def _session():
