@@ -1,0 +1,142 @@
+"""Browser tests in Debian's headless chromium driven by Playwright (no browser downloads).
+
+A real waitress server runs in a thread on a free port; screenshots of each page are saved under
+tests/artifacts/ (git-ignored) for a reviewer."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+import requests
+from kvreport_server import auth
+from server_helpers import bundle_from_case
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+CASES = ["loc-17-fail-huge-ctx-verbose", "loc-15-fail-huge-ctx-fit-default", "loc-21-fail-ulimit-kv-600000",
+         "loc-23-fail-ulimit-compute-after-kv-800000", "pub-016-llamacpppython-cuda-5gpu-compute-buffer-small-gpu",
+         "pub-001-llamacpp-cpu-1m-ctx-kv-128gib"]
+
+
+@pytest.fixture(params=["sqlite"])
+def db_url(request, tmp_path, sqlite_template):
+    path = tmp_path / "kvreport.sqlite3"
+    shutil.copy(sqlite_template, path)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture
+def live(app, db):
+    from waitress import create_server
+
+    server = create_server(app, host="127.0.0.1", port=0, threads=4)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{server.effective_port}"
+    with db.Session() as s, s.begin():
+        upload = auth.new_token(s, "browser", "upload")
+        auth.create_user(s, "maint", "correct horse battery")
+    headers = {"Authorization": f"Bearer {upload}", "Content-Type": "application/json"}
+    ids = []
+    for case in CASES:
+        b = bundle_from_case(case)
+        r = requests.post(base + "/api/v1/bundles", data=json.dumps(b), headers=headers, timeout=30)
+        assert r.status_code == 201, r.text
+        ids.append((case, b["id"], r.json()["cluster"]["id"]))
+    yield base, headers, ids
+    server.close()
+
+
+@pytest.fixture
+def page(live):
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Debian's chromium is not installed (apt-get install -y chromium)", pytrace=False)
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        context.grant_permissions(["clipboard-read", "clipboard-write"], origin=live[0])
+        pg = context.new_page()
+        errors = []
+        pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        yield pg
+        assert not [e for e in errors if "Content Security Policy" in e], errors
+        browser.close()
+
+
+def test_browse_filter_open_bundle(live, page):
+    base, _headers, ids = live
+    page.goto(base + "/")
+    rows = page.locator("tr.cluster-row")
+    n_clusters = len({cid for _c, _b, cid in ids})
+    assert rows.count() == n_clusters
+    total = sum(int(t) for t in page.locator("tr.cluster-row td.count").all_inner_texts())
+    assert total == len(ids)
+    page.screenshot(path=str(ARTIFACTS / "clusters.png"), full_page=True)
+
+    page.fill("input[name=backend]", "cuda")
+    page.click("#filters button[type=submit]")
+    page.wait_for_url("**/?*backend=cuda*")
+    assert page.locator("tr.cluster-row").count() == 1
+    page.fill("input[name=backend]", "")
+    page.fill("input[name=q]", "compute")
+    page.click("#filters button[type=submit]")
+    assert page.locator("tr.cluster-row").count() == 2
+    page.screenshot(path=str(ARTIFACTS / "clusters-filtered.png"), full_page=True)
+
+    page.goto(base + "/")
+    page.locator("tr.cluster-row a.cluster-title").first.click()
+    page.wait_for_url("**/clusters/*")
+    assert page.locator("h1.cluster-title").is_visible()
+    page.screenshot(path=str(ARTIFACTS / "cluster.png"), full_page=True)
+    page.locator("a.bundle-link").first.click()
+    page.wait_for_url("**/bundles/*")
+    assert page.locator(".log .line.hit").count() >= 1
+    assert page.locator("section.diagnosis .verdict").inner_text().strip() != ""
+    page.screenshot(path=str(ARTIFACTS / "bundle.png"), full_page=True)
+
+
+def test_copy_issue_markdown(live, page):
+    base, _headers, ids = live
+    _case, bundle_id, _cid = ids[0]
+    page.goto(f"{base}/bundles/{bundle_id}")
+    page.click("#copy-issue")
+    page.wait_for_function("document.getElementById('copy-status').textContent.length > 0")
+    copied = page.evaluate("navigator.clipboard.readText()")
+    expected = requests.get(f"{base}/bundles/{bundle_id}.md", timeout=10).text
+    assert copied == expected and bundle_id in copied
+
+
+def test_maintainer_known_fix_reaches_next_upload(live, page):
+    base, headers, ids = live
+    case, _bundle_id, cid = ids[0]
+    page.goto(base + "/login")
+    page.screenshot(path=str(ARTIFACTS / "login.png"))
+    page.fill("input[name=username]", "maint")
+    page.fill("input[name=password]", "correct horse battery")
+    page.click("#login-form button[type=submit]")
+    page.goto(f"{base}/clusters/{cid}")
+    page.click("details.edit summary")
+    fix = "Lower the context: `-c 8192` fits; see the **KV** size line."
+    page.fill("textarea[name=known_fix]", fix)
+    page.fill("input[name=issue_url]", "https://github.com/ggml-org/llama.cpp/issues/12345")
+    page.select_option("select[name=status]", "known_fix")
+    page.click("#cluster-form button[type=submit]")
+    page.wait_for_selector("#known-fix")
+    assert "fits" in page.inner_text("#known-fix")
+    assert page.locator("#known-fix strong").inner_text() == "KV"
+    page.screenshot(path=str(ARTIFACTS / "cluster-known-fix.png"), full_page=True)
+    r = requests.post(base + "/api/v1/bundles", data=json.dumps(bundle_from_case(case)), headers=headers, timeout=30)
+    assert r.status_code == 201
+    assert r.json()["cluster"]["known_fix"] == fix
+    assert r.json()["cluster"]["issue_url"] == "https://github.com/ggml-org/llama.cpp/issues/12345"
