@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 
 import pytest
-from conftest import SHARED_CASES
+from tests.paths import SHARED_CASES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvreport.cmdline import llama_alias_table, parse_command, with_changes

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import SHARED_CASES
+from tests.paths import SHARED_CASES
 from kvreport import collect, fsutil, probes
 from kvreport.bundle import validate_bundle
 from kvreport.cli import main
@@ -96,12 +96,14 @@ def test_model_file_read_and_bad_model(tmp_path):
 
 
 def test_memory_snapshot_prefers_llama_list_devices():
-    result = {"devices": FAKE_PROBES["devices"],
+    result = {"devices": FAKE_PROBES["devices"], "host": {"ram_free_mib": 1000.0, "ram_total_mib": 2000.0},
               "engine": {"list_devices": [{"name": "CUDA0", "description": "NVIDIA GeForce RTX 3090",
                                            "total_mib": 24126.0, "free_mib": 23863.0}]}}
     assert collect.memory_snapshot(result) == [{"device": "CUDA0", "name": "NVIDIA GeForce RTX 3090",
                                                 "backend": "cuda", "free_mib": 23863.0, "total_mib": 24126.0,
-                                                "source": "llama.cpp --list-devices"}]
+                                                "source": "llama.cpp --list-devices"},
+                                               {"device": "CPU", "name": None, "backend": "cpu", "free_mib": 1000.0,
+                                                "total_mib": 2000.0, "source": "psutil (available RAM)"}]
     assert collect.memory_snapshot({"devices": FAKE_PROBES["devices"]})[0]["device"] == "CUDA0"
 
 

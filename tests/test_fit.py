@@ -8,7 +8,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from conftest import case_dirs
+from tests.paths import case_dirs
 from kvreport import fit as fit_mod
 from kvreport.cli import main
 from kvreport.errors import InputError

@@ -16,7 +16,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from conftest import case_dirs, load_expected
+from tests.paths import case_dirs, load_expected
 from kvreport.kvcache import KVConfig, kv_size, shape_from_hparams
 
 PRINT_INFO = re.compile(r"(?:print_info|llm_load_print_meta):\s+(.+?)\s*=\s(.*)$")

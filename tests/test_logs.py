@@ -271,7 +271,7 @@ def test_is_key_line_keeps_what_parsers_use_and_drops_noise():
 
 
 def test_parse_file_grep_and_python_paths_agree_with_parse_log():
-    from conftest import case_dirs
+    from tests.paths import case_dirs
     from kvreport.logs import parse_file
 
     for case in case_dirs():
