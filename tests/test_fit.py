@@ -8,13 +8,14 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from tests.paths import case_dirs
 from kvreport import fit as fit_mod
 from kvreport.cli import main
 from kvreport.errors import InputError
 from kvreport.fit import fit_report, render_fit
 from kvreport.kvcache import dense_shape
 from tinygguf import dense
+
+from tests.paths import case_dirs
 
 
 @pytest.fixture
@@ -110,7 +111,9 @@ def test_without_free_mib_uses_probes(monkeypatch, llama3_8b):
     class FakeProbes:
         @staticmethod
         def run_all(timeout):
-            return ({"ram_free_mib": 64000}, [{"backend": "cuda", "name": "CUDA0", "free_mib": 9216}], [], {})
+            return {"host": {"ram_free_mib": 64000},
+                    "devices": [{"backend": "cuda", "name": "CUDA0", "free_mib": 9216}],
+                    "engine": {}, "ollama": None, "python_engines": None, "probes": {}, "seconds": 0.1}
 
     monkeypatch.setitem(sys.modules, "kvreport.probes", FakeProbes)
     monkeypatch.setattr("kvreport.probes", FakeProbes, raising=False)
@@ -138,3 +141,14 @@ def test_cli_model_error_is_one_line(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "not a GGUF file" in r.stderr
+
+
+def test_swa_model_table_counts_the_window_cache():
+    from kvreport.kvcache import ModelShape, swa_layers
+
+    shape = ModelShape(arch="gpt-oss", n_layer=24, n_head_kv=(8,) * 24, head_dim_k=(64,) * 24,
+                       head_dim_v=(64,) * 24, is_swa=swa_layers(24, 2), n_swa=128)
+    rep = fit_report(shape, 131072, 4096)
+    assert rep["kv_required_mib"] == 3090.0  # kv-worked-examples.md §2: 3,072 + 18 MiB
+    assert rep["kv_required_mib_by_type"]["f16"] == 3090.0
+    assert rep["max_ctx_fit"]["f16"] == (4096 - 18) * 1024 * 1024 // (12 * 2048) // 256 * 256

@@ -97,10 +97,12 @@ def fit_report(shape: ModelShape, ctx_size: int | None, free_mib: float, paralle
     exact_np: dict[str, int] = {}
     fit_1: dict[str, int] = {}
     per_type: dict[str, int] = {}
+    need_type: dict[str, float] = {}
     for t in types:
         fit_np[t], exact_np[t] = _fit_for(shape, budget, base, t)
         fit_1[t], _ = _fit_for(shape, budget, base.with_(n_seq=1, kv_unified=True), t)
         per_type[t] = kv_size(shape, base.with_(cache_type_k=t, cache_type_v=t, n_ctx=CTX_PAD)).bytes_per_token
+        need_type[t] = round(kv_size(shape, base.with_(cache_type_k=t, cache_type_v=t)).kv_mib, 2)
     req_fit = max_ctx_fit(shape, budget, base)
     notes = list(req.notes)
     if not flash_attn and (tv != "f16" and tv != "f32" and tv != "bf16"):
@@ -117,6 +119,7 @@ def fit_report(shape: ModelShape, ctx_size: int | None, free_mib: float, paralle
         "max_ctx_fit_parallel_1": fit_1,
         "max_ctx_fit_requested_types": req_fit,
         "kv_bytes_per_token_by_type": per_type,
+        "kv_required_mib_by_type": need_type,
         "headroom_mib": headroom,
         "headroom_reason": headroom_reason or (
             "none subtracted: --free-mib is taken as the memory the KV cache may use"
@@ -183,7 +186,7 @@ def render_fit(rep: dict[str, Any], shape: ModelShape) -> str:
     rows = [header]
     for t, n in rep["max_ctx_fit"].items():
         bpt = rep["kv_bytes_per_token_by_type"][t]
-        row = [t, f"{bpt:,}", f"{bpt * rep['n_ctx'] / MIB:,.0f} MiB" if shape.n_layer_kv else "-", f"{n:,}"]
+        row = [t, f"{bpt:,}", f"{rep['kv_required_mib_by_type'][t]:,.0f} MiB" if shape.n_layer_kv else "-", f"{n:,}"]
         if show_p1:
             row.append(f"{rep['max_ctx_fit_parallel_1'][t]:,}")
         rows.append(row)
@@ -267,7 +270,11 @@ def local_free_mib(timeout: float = 3.0) -> tuple[float, str]:
     run_all = getattr(probes, "run_all", None)
     if run_all is None:
         raise InputError("no --free-mib given and device probing is not available yet", hint="pass --free-mib N")
-    host, devices, _engines, _status = run_all(timeout)
+    result = run_all(timeout)
+    if isinstance(result, dict):  # {"host", "devices", "engine", ..., "probes", "seconds"}
+        host, devices = result.get("host"), result.get("devices")
+    else:  # the older (host, devices, engines, probe_status) tuple
+        host, devices = result[0], result[1]
     gpus = [d for d in (devices or []) if isinstance(d, dict) and d.get("free_mib") is not None
             and str(d.get("backend", "")).lower() not in ("cpu", "")]
     if gpus:
