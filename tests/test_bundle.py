@@ -3,9 +3,9 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from kvreport.bundle import BundleError, looks_like_bundle, validate_bundle
 from kvreport.excerpt import Excerpt
-
 from tests.helpers import minimal_bundle
 
 

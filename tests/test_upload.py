@@ -9,10 +9,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from click.testing import CliRunner
+
 from kvreport import upload as upload_mod
 from kvreport.cli import main
 from kvreport.errors import UploadError
-
 from tests.helpers import minimal_bundle
 
 

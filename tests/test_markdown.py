@@ -1,0 +1,85 @@
+"""The GitHub issue body: every report field, the diagnosis, the permalink, safe with hostile text."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from kvreport.analyze import analyze
+from kvreport.cli import main
+from kvreport.cmdline import parse_command
+from kvreport.markdown import issue_body, issue_title
+from tests.helpers import minimal_bundle
+from tests.paths import SHARED_CASES
+
+CASE = SHARED_CASES / "loc-17-fail-huge-ctx-verbose"
+
+
+def _case_bundle(**extra):
+    log = (CASE / "log.txt").read_text()
+    command = parse_command((CASE / "command.txt").read_text().strip())
+    return minimal_bundle(log, command=command, **extra)
+
+
+def test_issue_body_holds_the_report_fields_and_the_diagnosis():
+    bundle = _case_bundle(engine={"name": "llama.cpp", "version": "b7000", "build_number": 7000,
+                                  "commit": "abc1234", "binary": "/usr/local/bin/llama-server"})
+    diagnosis = analyze(bundle)
+    body = issue_body(bundle, diagnosis, url="https://kv.example/bundles/X")
+    assert "### Name and Version" in body
+    assert "b7000" in body and "abc1234" in body and "/usr/local/bin/llama-server" in body
+    assert "https://kv.example/bundles/X" in body
+    assert diagnosis["failure"]["allocator_error"].strip() in body
+    assert "65,536 MiB" in body  # the failed KV buffer, in MiB
+    assert "reduce-ctx" in body
+    assert "| Context (-c) | 131072 |" in body
+    assert body.count("<details>") == 1
+    assert diagnosis["signature"]["key"] in body
+
+
+def test_title_names_engine_phase_device_and_numbers():
+    bundle = _case_bundle()
+    title = issue_title(bundle, analyze(bundle))
+    assert title.startswith("llama.cpp: KV cache allocation failed on CPU (65,536 MiB requested")
+
+
+def test_hostile_text_cannot_break_the_table_or_the_fence():
+    bundle = minimal_bundle("llama_kv_cache: size = 4.00 MiB\n```\n<script>alert(1)</script>",
+                            host={"cpu_model": "Evil | CPU\nwith newline"})
+    body = issue_body(bundle, analyze(bundle))
+    assert "| CPU | Evil \\| CPU with newline |" in body
+    # the log holds a ``` line, so the log fence must be longer than three backticks
+    assert "````\n" in body
+
+
+def test_long_logs_are_cut_around_the_errors_first():
+    filler = "\n".join(f"llama_model_loader: - kv {i}: some.key str = value" for i in range(2000))
+    log = (CASE / "log.txt").read_text()
+    bundle = minimal_bundle(filler + "\n" + log)
+    diagnosis = analyze(bundle)
+    body = issue_body(bundle, diagnosis, max_log_lines=50)
+    assert diagnosis["failure"]["allocator_error"] in body
+    log_part = body.split("<details>")[1]
+    assert log_part.count("\n") < 70
+
+
+def test_cli_issue_prints_the_body_and_remembers_the_upload(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVREPORT_DATA_DIR", str(tmp_path))
+    bundle = _case_bundle()
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(bundle))
+    from kvreport.config import remember_upload
+
+    remember_upload(bundle["id"], "https://kv.example/bundles/" + bundle["id"])
+    result = CliRunner().invoke(main, ["issue", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "https://kv.example/bundles/" + bundle["id"] in result.stdout
+
+
+def test_cli_issue_bad_file_is_one_line(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text("not json")
+    result = CliRunner().invoke(main, ["issue", str(path)])
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1 and "not JSON" in result.stderr
