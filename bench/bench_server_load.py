@@ -34,10 +34,11 @@ sys.path.insert(0, str(ROOT / "tests" / "server"))
 
 import psycopg  # noqa: E402
 import requests  # noqa: E402
+from sqlalchemy import insert  # noqa: E402
+
 from kvreport_server import analysis, create_app, migrate  # noqa: E402
 from kvreport_server.db import Database  # noqa: E402
 from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet  # noqa: E402
-from sqlalchemy import insert  # noqa: E402
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 GPUS = ["NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 3060", "NVIDIA A100-SXM4-80GB",

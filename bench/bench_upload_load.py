@@ -49,10 +49,11 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args(argv)
 
+    from server_helpers import SHARED_CASES, bundle_from_case
+
     from kvreport.bundle import new_bundle_id
     from kvreport_server import auth, migrate
     from kvreport_server.db import Database
-    from server_helpers import SHARED_CASES, bundle_from_case
 
     name = f"kvr_upload_{secrets.token_hex(4)}"
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from logging.config import fileConfig
 
 from alembic import context
+from sqlalchemy import create_engine
+
 from kvreport_server.config import resolve_database_url
 from kvreport_server.models import Base
-from sqlalchemy import create_engine
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logging", True):

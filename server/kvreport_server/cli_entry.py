@@ -55,7 +55,6 @@ def examples_dir() -> Path:
 def load_examples(db, folder: Path | None = None) -> tuple[int, int]:
     """Store every example bundle (``collector/kvreport/examples/*.json``); returns (stored, skipped)."""
     from kvreport.bundle import BundleError, validate_bundle
-
     from kvreport_server import store
     from kvreport_server.errors import ApiError
 

@@ -9,6 +9,7 @@ import secrets
 from pathlib import Path
 
 import pytest
+
 from kvreport.bundle import SCHEMA_ID, new_bundle_id, validate_bundle
 from kvreport.excerpt import Excerpt
 

@@ -6,9 +6,10 @@ import gzip
 import json
 
 import pytest
-from kvreport_server.models import Bundle, Cluster
 from server_helpers import minimal_bundle
 from sqlalchemy import func, select
+
+from kvreport_server.models import Bundle, Cluster
 
 
 def post_raw(client, body: bytes, headers: dict):

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import requests
-from kvreport_server import auth
 from server_helpers import bundle_from_case
+
+from kvreport_server import auth
 
 pytestmark = pytest.mark.browser
 

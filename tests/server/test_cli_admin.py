@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
+from server_helpers import bundle_from_case
+from sqlalchemy import func, select
+
 from kvreport.cli import main
 from kvreport_server import auth, cli_entry
 from kvreport_server.db import Database
 from kvreport_server.models import ApiToken, Bundle, User
-from server_helpers import bundle_from_case
-from sqlalchemy import func, select
 
 
 def invoke(*args, env=None):

@@ -46,6 +46,7 @@ def test_image_copies_what_it_installs():
 def test_gunicorn_can_import_the_factory(tmp_path, monkeypatch):
     """The exact app spec gunicorn is given builds an app from environment variables alone."""
     from gunicorn.util import import_app
+
     from kvreport_server import migrate
 
     url = f"sqlite:///{tmp_path / 'g.sqlite3'}"

@@ -14,12 +14,13 @@ import time
 
 import pytest
 import requests
-from kvreport_server import auth, migrate
-from kvreport_server.db import Database
-from kvreport_server.models import Bundle, Cluster
 from server_helpers import FAILURE_CASES, bundle_from_case, create_pg_database, drop_pg_database
 from sqlalchemy import func, select
 from test_store import assert_consistent
+
+from kvreport_server import auth, migrate
+from kvreport_server.db import Database
+from kvreport_server.models import Bundle, Cluster
 
 
 def free_port() -> int:

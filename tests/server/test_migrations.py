@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from kvreport_server import migrate
 from server_helpers import create_pg_database, drop_pg_database
 from sqlalchemy import create_engine, inspect
+
+from kvreport_server import migrate
 
 TABLES = {"clusters", "bundles", "cluster_facets", "cluster_days", "api_tokens", "users"}
 
@@ -54,6 +55,7 @@ def test_each_migration_up_and_down(empty_url):
 def test_models_match_migrations(empty_url):
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
+
     from kvreport_server.models import Base
 
     migrate.upgrade(empty_url)

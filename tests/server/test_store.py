@@ -7,10 +7,11 @@ import json
 import threading
 from collections import Counter, defaultdict
 
-from kvreport_server import analysis, store
-from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet
 from server_helpers import FAILURE_CASES, bundle_from_case, minimal_bundle
 from sqlalchemy import func, select
+
+from kvreport_server import analysis, store
+from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet
 
 
 def scan(db) -> dict:

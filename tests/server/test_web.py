@@ -6,8 +6,9 @@ import json
 import re
 
 import pytest
-from kvreport_server import auth
 from server_helpers import bundle_from_case, minimal_bundle
+
+from kvreport_server import auth
 
 XSS = '<script>alert("x")</script><img src=x onerror=alert(1)>'
 
