@@ -152,6 +152,8 @@ _DUMMY_HASH = None
 def check_login(session: Session, username: str, password: str) -> User | None:
     """The user when the password matches (the KDF runs even for unknown names, against timing)."""
     global _DUMMY_HASH
+    if "\x00" in username or len(username) > 100:
+        username = ""
     user = session.execute(select(User).where(User.username == username.strip())).scalar_one_or_none()
     if user is None or user.disabled:
         if _DUMMY_HASH is None:

@@ -96,6 +96,11 @@ def parse_json(data: bytes) -> object:
         raise ApiError(400, f"body is not JSON: {msg}{where}", code="not_json") from None
 
 
+def clean_text(s: str) -> str:
+    """``s`` with NUL characters and lone surrogates replaced by U+FFFD (storable in PostgreSQL)."""
+    return _clean_str(s)
+
+
 def _clean_str(s: str) -> str:
     if "\x00" in s:
         s = s.replace("\x00", REPLACEMENT)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvreport_server.db import Database
+from kvreport_server.limits import clean_text
 from kvreport_server.models import Cluster, utcnow
 
 
@@ -18,9 +19,9 @@ def update_cluster(db: Database, cluster_id: int, changes: dict) -> bool:
         if c is None:
             return False
         if "known_fix" in changes:
-            c.known_fix = (changes["known_fix"] or "").strip() or None
+            c.known_fix = clean_text(changes["known_fix"] or "").strip()[:20000] or None
         if "issue_url" in changes:
-            c.issue_url = (changes["issue_url"] or "").strip() or None
+            c.issue_url = clean_text(changes["issue_url"] or "").strip()[:500] or None
         if changes.get("status"):
             c.status = changes["status"]
         elif c.status in ("new", "known_fix", "linked_issue"):

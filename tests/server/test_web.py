@@ -186,3 +186,19 @@ def test_rate_limit_answers_429_with_retry_after(make_app):
     assert r.status_code == 429 and r.json["error"]["code"] == "rate_limited"
     assert int(r.headers["Retry-After"]) > 0
     assert client.get("/api/v1/clusters").status_code == 200  # reads are not limited by the upload limit
+
+
+def test_hostile_form_and_path_input_never_500(client, db, auth_header):
+    cid = upload(client, auth_header, bundle_from_case("loc-17-fail-huge-ctx-verbose"))["cluster"]["id"]
+    page = client.get("/login").get_data(as_text=True)
+    r = client.post("/login", data={"username": "a\x00b", "password": "x\x00", "csrf_token": csrf_of(page)})
+    assert r.status_code == 200
+    assert client.get("/clusters/99999999999999").status_code == 404
+    assert client.get("/?q=a%00b").status_code == 400
+    name, pw = make_user(db)
+    login(client, name, pw)
+    page = client.get(f"/clusters/{cid}").get_data(as_text=True)
+    r = client.post(f"/clusters/{cid}", data={"known_fix": "nul\x00here", "issue_url": "", "status": "known_fix",
+                                              "csrf_token": csrf_of(page)})
+    assert r.status_code == 302
+    assert "nul\ufffdhere" == client.get(f"/api/v1/clusters/{cid}").json["known_fix"]

@@ -83,7 +83,7 @@ def index():
 @bp.route("/clusters/<int:cluster_id>", methods=["GET", "POST"])
 def cluster(cluster_id: int):
     session = get_session()
-    c = session.get(Cluster, cluster_id)
+    c = session.get(Cluster, cluster_id) if cluster_id < 2**31 else None
     if c is None:
         abort(404)
     form = ClusterForm(obj=c) if request.method == "GET" else ClusterForm()
