@@ -133,7 +133,7 @@ class Kv:
         return ["llama-server", "-m", str(model), *args, "--host", "127.0.0.1", "--port", str(port or free_port())]
 
     def run(self, cmd: list[str], *, always: bool = False, extra: tuple[str, ...] = (),
-            timeout: float = 90.0, name: str = "run") -> EngineResult:
+            timeout: float = 60.0, name: str = "run") -> EngineResult:
         """``kvreport run [--always] -o BUNDLE -- CMD``; a llama-server that comes up is stopped."""
         bundle_path = self.workdir / f"{name}-bundle.json"
         argv = harness.kvreport_argv("run", "-o", str(bundle_path), "--probe-timeout", "2",

@@ -127,7 +127,7 @@ class Run:
         return "\n".join(self.lines[-n:])
 
 
-LISTENING = re.compile(r"listening on http://")
+LISTENING = re.compile(r"listening on (http://[\w.:\[\]-]+)")
 
 
 def _descendants(pid: int) -> list:
@@ -137,6 +137,13 @@ def _descendants(pid: int) -> list:
         return psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
+
+
+def _name(p) -> str:
+    try:
+        return p.name()
+    except Exception:  # noqa: BLE001 - gone already
+        return ""
 
 
 def _tree(pid: int) -> list:
@@ -153,9 +160,10 @@ def run_stopping(argv: list[str], env: dict[str, str], cwd: Path, timeout: float
                  stop_when_listening: bool = True) -> Run:
     """Run ``argv`` with stdout and stderr merged, collect every line, and return a ``Run``.
 
-    When a line says ``listening on http://`` (llama-server is up: model and context ready),
-    SIGTERM goes to the llama-server process among the descendants (never to the whole group),
-    which makes llama-server exit 0 after ``cleaning up before exit...``. After ``timeout``
+    When a line says ``listening on http://`` (llama-server is up: model and context ready), and
+    once its ``/health`` answers 200, SIGTERM goes to the llama-server process among the
+    descendants (never to the whole group), repeated up to 3 times, 3 s apart, then SIGKILL;
+    llama-server exits 0 after ``cleaning up before exit...``. After ``timeout``
     seconds the whole tree is killed and the run is reported with returncode -9.
     """
     start = time.monotonic()
@@ -164,24 +172,47 @@ def run_stopping(argv: list[str], env: dict[str, str], cwd: Path, timeout: float
     chunks: list[str] = []
     state = {"came_up": False, "stopped": False}
 
+    def stop(url: str) -> None:
+        # llama-server logs "listening" just before its task loop starts; a SIGTERM that arrives before
+        # the loop runs is lost (the loop then waits forever), so wait for /health to answer 200 (the
+        # loop serves it), then SIGTERM, and repeat it if the server is still there.
+        import urllib.request
+
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never a proxy
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with opener.open(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except Exception:  # noqa: BLE001 - not yet up / loading
+                time.sleep(0.1)
+        for attempt in range(4):
+            servers = [c for c in _tree(proc.pid) if _name(c).startswith("llama-server")]
+            if not servers:
+                return
+            for c in servers:
+                try:
+                    c.send_signal(signal.SIGTERM if attempt < 3 else signal.SIGKILL)
+                    state["stopped"] = True
+                except Exception:  # noqa: BLE001 - it may have exited already
+                    pass
+            for c in servers:
+                try:
+                    c.wait(timeout=3)
+                except Exception:  # noqa: BLE001 - still running (or gone)
+                    pass
+
     def pump() -> None:
         assert proc.stdout is not None
         for raw in iter(proc.stdout.readline, b""):
             line = raw.decode("utf-8", "replace")
             chunks.append(line)
-            if stop_when_listening and not state["came_up"] and LISTENING.search(line):
-                state["came_up"] = True
-                for child in _tree(proc.pid):
-                    try:
-                        name = child.name()
-                    except Exception:  # noqa: BLE001 - gone already
-                        continue
-                    if name.startswith("llama-server"):
-                        try:
-                            child.send_signal(signal.SIGTERM)
-                            state["stopped"] = True
-                        except Exception:  # noqa: BLE001 - it may have exited already
-                            pass
+            if stop_when_listening and not state["came_up"]:
+                m = LISTENING.search(line)
+                if m:
+                    state["came_up"] = True
+                    threading.Thread(target=stop, args=(m.group(1),), daemon=True).start()
 
     t = threading.Thread(target=pump, daemon=True)
     t.start()
