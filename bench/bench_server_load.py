@@ -190,20 +190,25 @@ def main(argv=None) -> int:
     ap.add_argument("--signatures", type=int, default=2_000)
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--keep", action="store_true", help="keep the database")
+    ap.add_argument("--reuse", metavar="NAME", help="time the pages of a database kept by an earlier --keep run")
     args = ap.parse_args(argv)
 
-    name = f"kvr_bench_{secrets.token_hex(4)}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+    name = args.reuse or f"kvr_bench_{secrets.token_hex(4)}"
+    if not args.reuse:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
     url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
     result = {"bundles": args.bundles, "signatures": args.signatures, "database": "postgresql"}
+    if args.keep or args.reuse:
+        print(f"database {name} is kept", file=sys.stderr)
     try:
-        migrate.upgrade(url)
-        db = Database(url)
-        tmpls = templates()
-        keys = make_keys(tmpls, args.signatures)
-        result.update(bulk_load(db, tmpls, keys, args.bundles))
-        db.dispose()
+        if not args.reuse:
+            migrate.upgrade(url)
+            db = Database(url)
+            tmpls = templates()
+            keys = make_keys(tmpls, args.signatures)
+            result.update(bulk_load(db, tmpls, keys, args.bundles))
+            db.dispose()
         with psycopg.connect(url.replace("+psycopg", "")) as conn:
             result["db_size_mib"] = round(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
                                           / 2**20, 1)
@@ -232,7 +237,7 @@ def main(argv=None) -> int:
         server.close()
         app.extensions["kvreport_db"].dispose()
     finally:
-        if not args.keep:
+        if not (args.keep or args.reuse):
             with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     out = ROOT / "bench" / "out"
