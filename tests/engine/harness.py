@@ -358,6 +358,7 @@ TABLE: list[tuple[str, str, str, str]] = []
 def record(name: str, command: str, printed: str, said: str) -> None:
     """Add a row (scenario, command, what llama.cpp printed, what kvreport said) to the table that
     the tier writes to tests/artifacts/engine-scenarios.md at the end of the session."""
+    command = re.sub(r"/\S*/models\d*/", "", command)  # session tmp paths -> model file names
     TABLE.append((name, command, printed, said))
 
 
