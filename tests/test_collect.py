@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from tests.paths import SHARED_CASES
 from kvreport import collect, fsutil, probes
 from kvreport.bundle import validate_bundle
 from kvreport.cli import main
 from kvreport.errors import UploadError
+
+from tests.paths import SHARED_CASES
 
 FAKE_PROBES = {
     "host": {"os": "Linux", "ram_total_mib": 32000.0, "ram_free_mib": 20000.0},

@@ -17,7 +17,7 @@ from kvreport.bundle import validate_bundle
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX signals and sh scripts")
 
 KVREPORT = [sys.executable, "-c", "import sys; from kvreport.cli import main; sys.exit(main())"]
-FIXED = {"host": {"os": "Linux"}, "devices": [{"backend": "cuda", "index": 0, "name": "GPU", "total_mib": 8192.0,
+FIXED = {"host": {"os": "Linux", "ram_free_mib": 1000.0, "ram_total_mib": 2000.0}, "devices": [{"backend": "cuda", "index": 0, "name": "GPU", "total_mib": 8192.0,
                                                "free_mib": 7000.0, "source": "nvml"}],
          "engine": {}, "ollama": None, "python_engines": None, "probes": {"nvml": "ok"}, "seconds": 0.0}
 
@@ -54,7 +54,9 @@ def test_failure_collects_bundle_with_log_and_memory(fixed_probes, tmp_path, cap
     assert "out line 1" in texts and "llama_kv_cache: failed to allocate buffer for kv cache" in texts
     assert bundle["log"]["source"] == "kvreport run"
     assert bundle["memory_before_launch"] == [{"device": "CUDA0", "name": "GPU", "backend": "cuda", "free_mib": 7000.0,
-                                               "total_mib": 8192.0, "source": "nvml"}]
+                                               "total_mib": 8192.0, "source": "nvml"},
+                                              {"device": "CPU", "name": None, "backend": "cpu", "free_mib": 1000.0,
+                                               "total_mib": 2000.0, "source": "psutil (available RAM)"}]
     assert bundle["collector"]["exit_status"] == 3
     assert bundle["command"]["argv"][0] == sys.executable or bundle["command"]["argv"][0].startswith("<home>")
 

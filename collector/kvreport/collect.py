@@ -45,18 +45,27 @@ def memory_snapshot(probe_result: dict) -> list[dict]:
 
     llama.cpp's own ``--list-devices`` view is used when the engine probe has one (its device
     names and free MiB are what llama.cpp itself sees); otherwise the device probes' entries.
+    The host's RAM is always added as device ``CPU`` (llama.cpp's name for host buffers: CPU
+    weights, CPU KV cache, the CPU backend), free = available RAM (psutil), in MiB.
     """
     engine = probe_result.get("engine") or {}
     listed = engine.get("list_devices") or []
     if listed:
         from kvreport.probes.llamacpp import backend_of
 
-        return [{"device": d["name"], "name": d.get("description"), "backend": backend_of(d["name"]),
-                 "free_mib": d.get("free_mib"), "total_mib": d.get("total_mib"),
-                 "source": "llama.cpp --list-devices"} for d in listed]
-    return [{"device": device_name(d), "name": d.get("name"), "backend": d.get("backend"),
-             "free_mib": d.get("free_mib"), "total_mib": d.get("total_mib"), "source": d.get("source")}
-            for d in probe_result.get("devices") or [] if d.get("free_mib") is not None or d.get("total_mib")]
+        entries = [{"device": d["name"], "name": d.get("description"), "backend": backend_of(d["name"]),
+                    "free_mib": d.get("free_mib"), "total_mib": d.get("total_mib"),
+                    "source": "llama.cpp --list-devices"} for d in listed]
+    else:
+        entries = [{"device": device_name(d), "name": d.get("name"), "backend": d.get("backend"),
+                    "free_mib": d.get("free_mib"), "total_mib": d.get("total_mib"), "source": d.get("source")}
+                   for d in probe_result.get("devices") or [] if d.get("free_mib") is not None or d.get("total_mib")]
+    host = probe_result.get("host") or {}
+    if host.get("ram_free_mib") is not None and not any(e["device"] == "CPU" for e in entries):
+        entries.append({"device": "CPU", "name": host.get("cpu_model"), "backend": "cpu",
+                        "free_mib": host.get("ram_free_mib"), "total_mib": host.get("ram_total_mib"),
+                        "source": "psutil (available RAM)"})
+    return entries
 
 
 def _model_section(model_path: str | None, command: dict) -> dict | None:
