@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
-from conftest import SHARED_CASES
+
 from kvreport.cli import main
+from tests.paths import SHARED_CASES
 
 FAIL = SHARED_CASES / "loc-15-fail-huge-ctx-fit-default" / "log.txt"
 OK = SHARED_CASES / "loc-04-success-np4-kv-unified" / "log.txt"

@@ -13,10 +13,11 @@ engine's KV pool cannot hold its configured maximum length); every other phase i
 from __future__ import annotations
 
 import pytest
-from conftest import case_dirs, load_expected
+
 from kvreport.analyze import analyze, analyze_text
 from kvreport.cmdline import parse_command
 from kvreport.excerpt import Excerpt
+from tests.paths import case_dirs, load_expected
 
 CASES = case_dirs()
 KV_PHASES = ("kv_cache", "kv_capacity")

@@ -4,6 +4,7 @@ history and public logs; the case logs under ../shared/cases are real runs)."""
 from __future__ import annotations
 
 import pytest
+
 from kvreport.logs import clean_pasted, is_key_line, parse_log
 from kvreport.logs.common import clean_line
 
@@ -271,8 +272,8 @@ def test_is_key_line_keeps_what_parsers_use_and_drops_noise():
 
 
 def test_parse_file_grep_and_python_paths_agree_with_parse_log():
-    from tests.paths import case_dirs
     from kvreport.logs import parse_file
+    from tests.paths import case_dirs
 
     for case in case_dirs():
         p = case / "log.txt"

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import io
 
-from conftest import case_dirs
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kvreport.analyze import analyze, analyze_text
 from kvreport.logs import parse_log, parse_stream
+from tests.paths import case_dirs
 
 LOGS = [(c / "log.txt").read_bytes() for c in case_dirs()]
 SETTINGS = settings(max_examples=150, deadline=None)
