@@ -5,10 +5,11 @@ from __future__ import annotations
 import shlex
 
 import pytest
-from tests.paths import SHARED_CASES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from kvreport.cmdline import llama_alias_table, parse_command, with_changes
+from tests.paths import SHARED_CASES
 
 # --- real command lines from ../shared/cases ------------------------------------------------------
 

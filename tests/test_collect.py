@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from kvreport import collect, fsutil, probes
 from kvreport.bundle import validate_bundle
 from kvreport.cli import main
 from kvreport.errors import UploadError
-
 from tests.paths import SHARED_CASES
 
 FAKE_PROBES = {

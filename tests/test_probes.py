@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
+
 from kvreport import probes
 from kvreport.probes import _util, amd, apple, intel, llamacpp, nvidia_smi, nvml, ollama, pyengines, vulkan
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from kvreport import probes, runner
 from kvreport.bundle import validate_bundle
 

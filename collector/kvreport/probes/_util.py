@@ -104,6 +104,17 @@ def _kill(proc: subprocess.Popen) -> None:
             pass
 
 
+class Deadline:
+    """A probe's time budget shared by the several tools it runs one after the other."""
+
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self, minimum: float = 0.1) -> float:
+        """Seconds left (at least ``minimum``, so a last call still gets a short chance)."""
+        return max(minimum, self.end - time.monotonic())
+
+
 def run_named(name: str, args: list[str], timeout: float) -> ToolOutput:
     """Find ``name`` on the safe PATH and run it with ``args``; :class:`Absent` when not found."""
     path = which(name)

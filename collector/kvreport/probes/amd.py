@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 
-from kvreport.probes._util import Absent, ProbeFailed, one_line, run_named, to_mib
+from kvreport.probes._util import Absent, Deadline, ProbeFailed, one_line, run_named, to_mib
 
 
 def parse_rocm_smi(text: str) -> list[dict]:
@@ -90,8 +90,9 @@ def parse_amd_smi(text: str) -> list[dict]:
 
 def probe(timeout: float = 3.0) -> dict:
     """``{"devices": [...]}`` from rocm-smi, else amd-smi; :class:`Absent` when neither exists."""
+    deadline = Deadline(timeout)
     try:
-        out = run_named("rocm-smi", ["--showproductname", "--showmeminfo", "vram", "--json"], timeout)
+        out = run_named("rocm-smi", ["--showproductname", "--showmeminfo", "vram", "--json"], deadline.left())
         if out.returncode == 0:
             devices = parse_rocm_smi(out.stdout)
             if devices:
@@ -100,7 +101,7 @@ def probe(timeout: float = 3.0) -> dict:
     except Absent:
         rocm_error = None
     try:
-        out = run_named("amd-smi", ["metric", "--mem-usage", "--json"], timeout)
+        out = run_named("amd-smi", ["metric", "--mem-usage", "--json"], deadline.left())
     except Absent:
         if rocm_error:
             raise ProbeFailed(rocm_error) from None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
-from kvreport.probes._util import Absent, ProbeFailed, one_line, run_named, to_mib
+from kvreport.probes._util import Absent, Deadline, ProbeFailed, one_line, run_named, to_mib
 
 
 def parse_displays(text: str) -> list[dict]:
@@ -54,16 +54,17 @@ def probe(timeout: float = 3.0, platform: str | None = None) -> dict:
     """``{"devices": [...], "host": {"unified_memory_mib", "iogpu_wired_limit_mib"}}`` on macOS."""
     if (platform or sys.platform) != "darwin":
         raise Absent("not macOS")
-    out = run_named("system_profiler", ["SPDisplaysDataType", "-json"], timeout)
+    deadline = Deadline(timeout)
+    out = run_named("system_profiler", ["SPDisplaysDataType", "-json"], deadline.left())
     if out.returncode != 0:
         raise ProbeFailed(f"system_profiler exit {out.returncode}: {one_line(out.stderr)}")
     devices = parse_displays(out.stdout)
     extra: dict = {}
     try:
-        mem = run_named("sysctl", ["-n", "hw.memsize"], timeout)
+        mem = run_named("sysctl", ["-n", "hw.memsize"], deadline.left())
         memsize = _int(mem.stdout.strip())
         extra["unified_memory_mib"] = to_mib(memsize)
-        wired = run_named("sysctl", ["-n", "iogpu.wired_limit_mb"], timeout)
+        wired = run_named("sysctl", ["-n", "iogpu.wired_limit_mb"], deadline.left())
         limit = _int(wired.stdout.strip()) if wired.returncode == 0 else None
         extra["iogpu_wired_limit_mib"] = limit if limit else None
     except (Absent, ProbeFailed):

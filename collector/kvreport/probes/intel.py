@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 
-from kvreport.probes._util import Absent, ProbeFailed, one_line, run_named, to_mib
+from kvreport.probes._util import Absent, Deadline, ProbeFailed, one_line, run_named, to_mib
 
 _SYCL_NEW = re.compile(r"^\[(?P<backend>[\w]+):(?P<type>gpu|cpu|fpga|acc)\]\[(?P=backend):(?P<index>\d+)\]\s+(?P<rest>.+)$")
 _SYCL_OLD = re.compile(r"^\[(?P<backend>[\w]+):(?P<type>gpu|cpu|fpga|acc):(?P<index>\d+)\]\s+(?P<rest>.+)$")
@@ -60,10 +60,11 @@ def probe(timeout: float = 3.0) -> dict:
     devices: list[dict] = []
     errors: list[str] = []
     found_any = False
+    deadline = Deadline(timeout)
     for name, args, parser in (("xpu-smi", ["discovery", "-j"], parse_xpu_smi),
                                ("sycl-ls", [], parse_sycl_ls)):
         try:
-            out = run_named(name, args, timeout)
+            out = run_named(name, args, deadline.left())
         except Absent:
             continue
         found_any = True

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import re
 
-from kvreport.probes._util import Absent, ProbeFailed, one_line, run_tool, which
+from kvreport.probes._util import Absent, Deadline, ProbeFailed, one_line, run_tool, which
 
 _VERSION_SEM = re.compile(r"version:\s*(?P<version>\S+)\s*\(build\s*(?P<build>\d+),\s*commit\s*(?P<commit>[^)\s]+)\)")
 _VERSION = re.compile(r"version:\s*(?P<build>\d+)\s*\((?P<commit>[^)\s]+)\)")
@@ -99,7 +99,8 @@ def probe(timeout: float = 3.0, program: str | None = None, binary: str | None =
     if path is None or not os.path.isfile(path):
         raise Absent(program or "no llama.cpp program named")
     engine: dict = {"name": "llama.cpp", "binary": path, "binary_realpath": os.path.realpath(path)}
-    out = run_tool([path, "--version"], timeout)
+    deadline = Deadline(timeout)
+    out = run_tool([path, "--version"], deadline.left())
     text = (out.stderr + "\n" + out.stdout).strip()
     engine["version_output"] = text[:2000]
     facts = parse_version(text)
@@ -107,7 +108,7 @@ def probe(timeout: float = 3.0, program: str | None = None, binary: str | None =
         raise ProbeFailed(f"{os.path.basename(path)} --version: {one_line(text, 100) or 'no output'}")
     engine.update(facts)
     try:
-        lst = run_tool([path, "--list-devices"], timeout)
+        lst = run_tool([path, "--list-devices"], deadline.left())
         engine["list_devices_output"] = (lst.stdout.strip())[:4000]
         engine["list_devices"] = parse_list_devices(lst.stdout, lst.stderr)
     except ProbeFailed as exc:

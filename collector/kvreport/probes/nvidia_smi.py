@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import io
 
-from kvreport.probes._util import ProbeFailed, one_line, run_named
+from kvreport.probes._util import Deadline, ProbeFailed, one_line, run_named
 
 FIELDS = ["index", "name", "uuid", "pci.bus_id", "memory.total", "memory.used", "memory.free",
           "driver_version", "compute_cap"]
@@ -57,11 +57,13 @@ def parse(text: str, fields: list[str] = FIELDS) -> list[dict]:
 def probe(timeout: float = 3.0) -> dict:
     """``{"devices": [...]}``; :class:`Absent` without nvidia-smi, :class:`ProbeFailed` on errors."""
     fields = list(FIELDS)
-    out = run_named("nvidia-smi", [f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"], timeout)
+    deadline = Deadline(timeout)
+    out = run_named("nvidia-smi", [f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+                    deadline.left())
     if out.returncode != 0 and "compute_cap" in (out.stdout + out.stderr):
         fields.remove("compute_cap")
         out = run_named("nvidia-smi", [f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
-                        timeout)
+                        deadline.left())
     if out.returncode != 0:
         raise ProbeFailed(f"nvidia-smi exit {out.returncode}: {one_line(out.stdout + out.stderr)}")
     devices = parse(out.stdout, fields)
