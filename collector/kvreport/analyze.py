@@ -185,12 +185,12 @@ class _Group:
         return [e for e in self.events if e["kind"] == "backend"]
 
 
-def _groups(events: list[dict]) -> list[_Group]:
+def _groups(events: list[dict], keep_dry: bool = False) -> list[_Group]:
     groups: list[_Group] = []
     cur: _Group | None = None
     prev = ""
     for ev in events:
-        if ev.get("dry_run"):
+        if ev.get("dry_run") and not keep_dry:
             continue
         kind = ev["kind"]
         if kind in ("backend", "pinned", "ggml"):
@@ -261,7 +261,9 @@ class _Diagnosis:
     # -- failure
     def failure(self) -> dict:
         f = self.f
-        groups = _groups(f.events)
+        # a fit dry run that never finished (the process died inside it) is the real failure
+        keep_dry = bool(f.in_fit)
+        groups = _groups(f.events, keep_dry)
         fatal: list[_Group] = []
         for i, g in enumerate(groups):
             later_fatal = any(not h.only_pinned for h in groups[i + 1:])
@@ -271,10 +273,11 @@ class _Diagnosis:
             else:
                 fatal.append(g)
         self.groups = groups
-        engine_events = [e for e in f.events if e["kind"] == "engine" and not e.get("dry_run")]
+        real = [e for e in f.events if keep_dry or not e.get("dry_run")]
+        engine_events = [e for e in real if e["kind"] == "engine"]
         strong_engine = [e for e in engine_events if not e.get("weak")]
-        configs = [e for e in f.events if e["kind"] == "config" and not e.get("dry_run")]
-        finals = [e for e in f.events if e["kind"] == "final" and not e.get("dry_run")]
+        configs = [e for e in real if e["kind"] == "config"]
+        finals = [e for e in real if e["kind"] == "final"]
         out = {"phase": "none", "backend": "unknown", "failing_device": None, "requested_mib": None,
                "free_mib": None, "allocator_error": None, "final_error": None, "verdict": "unknown"}
         self.primary = None
@@ -369,13 +372,18 @@ class _Diagnosis:
                 "allocator_error": alloc}
 
     def _backend_guess(self) -> str:
+        """The backend when no failing line names one: a GPU backend the log shows, else "cpu" for a
+        log whose every device and buffer is host memory, else unknown."""
         f = self.f
-        for name in f.devices:
+        names = list(f.devices) + [b.get("device") for b in f.buffers]
+        for name in names:
             b = backend_of_device(name)
             if b and b != "cpu":
                 return b
         if f.cuda_name:
             return {"ROCm": "rocm", "CUDA": "cuda"}.get(f.cuda_name, "unknown")
+        if names and all(backend_of_device(n) == "cpu" for n in names):
+            return "cpu"
         return "unknown"
 
     def _device_free(self, device: str | None, backend: str) -> float | None:
