@@ -361,3 +361,61 @@ def test_run_all_never_raises_on_probe_bug(fakepath, monkeypatch):
     monkeypatch.setattr(vulkan, "probe", boom)
     result = probes.run_all(1.0)
     assert result["probes"]["vulkan"] == "failed: ZeroDivisionError: bug"
+
+
+# --- parsers never raise on arbitrary text (only ProbeFailed, which run_all turns into a status) ----
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_junk = st.one_of(
+    st.text(max_size=400),
+    st.lists(st.sampled_from(["GPU0:", "\tdeviceName = X", "memoryHeaps[0]:", "\t\tsize   = 12",
+                              "MEMORY_HEAP_DEVICE_LOCAL_BIT", "budget = 0x10", "maxMemoryAllocationSize = 0xzz",
+                              "  CUDA0: NVIDIA (10 MiB, 5 MiB free)", "Available devices:", "version: 12 (ab)",
+                              "built with x for y", "[level_zero:gpu][level_zero:0] A, B 1.3 [1]", "{", "}", "[",
+                              '{"card0": {"VRAM Total Memory (B)": "x"}}', "0, a, b, c, 1, 2, 3, 4, 5",
+                              '[{"gpu": 0, "mem_usage": {"total_vram": {"value": "a"}}}]', "", "\x00"]),
+             max_size=30).map("\n".join),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_junk)
+def test_probe_parsers_never_raise_unexpectedly(text):
+    for parse in (nvidia_smi.parse, amd.parse_rocm_smi, amd.parse_amd_smi, intel.parse_sycl_ls,
+                  intel.parse_xpu_smi, vulkan.parse, apple.parse_displays):
+        try:
+            result = parse(text)
+        except _util.ProbeFailed:
+            continue
+        assert isinstance(result, list)
+    assert isinstance(llamacpp.parse_version(text), dict)
+    assert isinstance(llamacpp.parse_list_devices(text, text), list)
+    ollama.parse_version(text)
+    try:
+        ollama.parse_ps(json.loads(text))
+    except ValueError:
+        pass
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(
+        st.sampled_from(["card0", "gpu", "mem_usage", "total_vram", "used_vram", "free_vram", "value", "unit",
+                         "device_list", "device_id", "memory_physical_size_byte", "SPDisplaysDataType",
+                         "sppci_model", "spdisplays_vram", "models", "size", "size_vram", "VRAM Total Memory (B)",
+                         "VRAM Total Used Memory (B)", "Card Series", "x"]), children, max_size=5),
+    max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_json_values)
+def test_json_parsers_take_any_json(value):
+    text = json.dumps(value)
+    for parse in (amd.parse_rocm_smi, amd.parse_amd_smi, intel.parse_xpu_smi, apple.parse_displays):
+        try:
+            assert isinstance(parse(text), list)
+        except _util.ProbeFailed:
+            pass
+    assert isinstance(ollama.parse_ps(value), list)

@@ -77,7 +77,9 @@ def parse_amd_smi(text: str) -> list[dict]:
     for item in data if isinstance(data, list) else []:
         if not isinstance(item, dict):
             continue
-        mem = item.get("mem_usage") or item
+        mem = item.get("mem_usage")
+        if not isinstance(mem, dict):
+            mem = item
         total = _mib_field(mem.get("total_vram"))
         used = _mib_field(mem.get("used_vram"))
         free = _mib_field(mem.get("free_vram"))

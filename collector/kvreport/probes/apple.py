@@ -23,7 +23,8 @@ def parse_displays(text: str) -> list[dict]:
     except ValueError:
         raise ProbeFailed(f"system_profiler did not print JSON: {one_line(text, 80)}") from None
     devices = []
-    for i, item in enumerate(data.get("SPDisplaysDataType") or [] if isinstance(data, dict) else []):
+    items = data.get("SPDisplaysDataType") if isinstance(data, dict) else None
+    for i, item in enumerate(items if isinstance(items, list) else []):
         if not isinstance(item, dict):
             continue
         vram = item.get("spdisplays_vram") or item.get("spdisplays_vram_shared") or ""

@@ -43,7 +43,10 @@ def parse_xpu_smi(text: str) -> list[dict]:
     except ValueError:
         raise ProbeFailed(f"xpu-smi did not print JSON: {one_line(text, 80)}") from None
     devices = []
-    for item in (data.get("device_list") if isinstance(data, dict) else None) or []:
+    items = data.get("device_list") if isinstance(data, dict) else None
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict):
+            continue
         size = item.get("memory_physical_size_byte")
         try:
             size = int(size)

@@ -10,7 +10,6 @@ Values may be ``[N/A]`` or ``[Not Supported]``.
 from __future__ import annotations
 
 import csv
-import io
 
 from kvreport.probes._util import Deadline, ProbeFailed, one_line, run_named
 
@@ -28,8 +27,12 @@ def _num(text: str) -> float | None:
 
 def parse(text: str, fields: list[str] = FIELDS) -> list[dict]:
     """Devices from ``--format=csv,noheader,nounits`` output of the ``fields`` query."""
+    try:
+        rows = list(csv.reader(text.splitlines(), skipinitialspace=True))
+    except csv.Error as exc:
+        raise ProbeFailed(f"unreadable nvidia-smi output: {exc}") from None
     devices = []
-    for row in csv.reader(io.StringIO(text), skipinitialspace=True):
+    for row in rows:
         if not row or not row[0].strip():
             continue
         if len(row) != len(fields):

@@ -56,7 +56,10 @@ def _get_json(url: str, timeout: float):
 def parse_ps(data: dict) -> list[dict]:
     """Loaded models from ``/api/ps``: name, size and size_vram in MiB, context_length."""
     models = []
-    for item in (data or {}).get("models") or []:
+    items = data.get("models") if isinstance(data, dict) else None
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict):
+            continue
         models.append({"name": item.get("name") or item.get("model"),
                        "size_mib": to_mib(item.get("size")), "size_vram_mib": to_mib(item.get("size_vram")),
                        "context_length": item.get("context_length")})
