@@ -25,7 +25,7 @@ import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
 
 FILLER = [
     "0.12.345.678 I slot update_slots: id  0 | task 1234 | prompt processing progress, n_tokens = 512, batch.n_tokens = 512, progress = 0.5\n",
@@ -38,7 +38,7 @@ FILLER = [
 
 
 def build_log(path: Path, size_mb: int) -> tuple[int, int]:
-    from conftest import case_dirs
+    from tests.paths import case_dirs
 
     # llama.cpp's own complete logs (the loc-* runs): one engine, as a real long-running server
     logs = [(c / "log.txt").read_bytes() for c in case_dirs() if c.name.startswith("loc-")]

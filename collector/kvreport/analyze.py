@@ -382,6 +382,13 @@ class _Diagnosis:
                 return b
         if f.cuda_name:
             return {"ROCm": "rocm", "CUDA": "cuda"}.get(f.cuda_name, "unknown")
+        for item in f.ollama.get("layout") or []:
+            b = backend_of_device(item.get("device"))
+            if b and b != "cpu":
+                return b
+        lib = str(f.ollama.get("gpu_library") or "").lower()
+        if lib in ("cuda", "rocm", "vulkan", "metal"):
+            return lib
         if names and all(backend_of_device(n) == "cpu" for n in names):
             return "cpu"
         return "unknown"
@@ -410,6 +417,9 @@ class _Diagnosis:
                 fit = self.f.fit or {}
                 if fit.get("memory") == "host" and fit.get("free_mib"):
                     return fit["free_mib"]
+        gpu_avail = [x for x in (self.f.ollama.get("gpu_available_mib") or []) if x is not None]
+        if len(gpu_avail) == 1 and backend not in ("cpu", "unknown"):
+            return gpu_avail[0]
         if backend == "vulkan" and self.f.ctx.get("vk_free_mib"):
             if not device or device.startswith("Vulkan"):
                 return self.f.ctx["vk_free_mib"]
@@ -595,6 +605,11 @@ class _Diagnosis:
                          f"printed {_fmt(printed)} MiB; the printed value is used")
         if kv is None and f.sglang.get("kv_mib"):
             kv = f.sglang["kv_mib"]
+        if kv is None and f.ollama.get("layout"):
+            kvs = [x["mib"] for x in f.ollama["layout"] if x.get("what") == "kv cache" and x.get("mib")]
+            if kvs:
+                kv = sum(kvs)
+                self.finding("kv_from_ollama_layout", f"the KV size is Ollama's own memory layout ({_fmt(kv)} MiB)")
         mem["kv_required_mib"] = _r2(kv)
         real_rs = [r for r in f.rs_caches if not r.get("dry_run")]
         if real_rs:

@@ -138,7 +138,7 @@ def _reduce_ctx(b: _Builder, rank: float) -> None:
     s = b.s
     cur = s.n_ctx or s.n_ctx_requested
     if not cur:
-        if s.phase == "kv_cache" or s.kv_update:
+        if s.phase in ("kv_cache", "context") or s.kv_update:
             b.add(rank, "reduce-ctx", "Ask for a smaller context", _ctx_change(s, 8192),
                   "KV shrinks in proportion to the context (the log does not show the current context)",
                   "The KV cache is n_ctx tokens x bytes per token; a smaller -c is the first lever (playbook step 1).")

@@ -11,7 +11,7 @@ import re
 from kvreport.logs.common import size_to_mib, to_float, to_int
 from kvreport.logs.facts import LogFacts
 
-KEYWORDS = ("msg=", "ollama", "Ollama", "llama runner", "OLLAMA_", "runner.go", "llama-server", "KvSize",
+KEYWORDS = ("msg=", "Listening on", "ollama", "Ollama", "llama runner", "OLLAMA_", "runner.go", "llama-server", "KvSize",
             "memory layout", "model failed to load")
 
 _WORD = re.compile(r"(?i)(?<![\w-])ollama(?![\w-])")
@@ -71,6 +71,11 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
                 o["kv_estimate_mib"] = _mib(a["memory.required.kv"])
         elif msg in ("kv cache", "model weights", "compute graph", "total memory"):
             o.setdefault("layout", []).append({"what": msg, "device": a.get("device"), "mib": _mib(a.get("size"))})
+        elif msg == "gpu memory":
+            o.setdefault("gpu_available_mib", []).append(_mib(a.get("available")))
+            o["gpu_library"] = a.get("library")
+        elif msg == "system memory":
+            o["host_free_mib"] = _mib(a.get("free"))
         elif msg == "inference compute":
             name = a.get("name") or (a.get("library", "GPU") + a.get("id", "?"))
             total, avail = _mib(a.get("total")), _mib(a.get("available"))

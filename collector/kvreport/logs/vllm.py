@@ -53,7 +53,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
     if m:
         v["weights_mib"] = float(m.group(1)) * 1024.0
         f.stage = "profile"
-        f.engine_hints["vllm"] += 1
+        f.engine_hints["vllm"] += 2
     m = _AVAIL.search(line)
     if m:
         v["available_kv_mib"] = float(m.group(1)) * 1024.0
