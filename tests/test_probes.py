@@ -184,7 +184,7 @@ def test_amd_smi_when_rocm_smi_fails(fakepath, monkeypatch):
 def test_intel(fakepath):
     devs = intel.probe(2.0)["devices"]
     assert devs[0] == {"backend": "sycl", "index": 0, "name": "Intel(R) Data Center GPU Max 1100",
-                       "total_mib": 49152.0, "pci_bus_id": "0000:29:00.0", "source": "xpu-smi"}
+                       "total_mib": 49152.0, "free_mib": None, "pci_bus_id": "0000:29:00.0", "source": "xpu-smi"}
     names = [d["name"] for d in devs[1:]]
     assert "Intel(R) Arc(TM) A770 Graphics" in names
 
@@ -202,6 +202,21 @@ def test_vulkaninfo(fakepath):
     assert dev["name"] == "NVIDIA GeForce RTX 2060" and dev["device_type"] == "discrete_gpu"
     assert dev["total_mib"] == 6144.0 and dev["free_mib"] == 5645.0
     assert dev["max_alloc_mib"] == 4094.0  # 0xffe00000 bytes
+
+
+def test_vulkaninfo_older_and_summary_layouts():
+    older = ("Device Properties and Extensions :\n==================================\nGPU0\n"
+             "VkPhysicalDeviceProperties:\n===========================\n"
+             "        apiVersion     = 0x402085  (1.2.133)\n        deviceType     = DISCRETE_GPU\n"
+             "        deviceName     = GeForce GTX 1060 with Max-Q Design\n")
+    (dev,) = vulkan.parse(older)
+    assert dev["name"] == "GeForce GTX 1060 with Max-Q Design" and dev["device_type"] == "discrete_gpu"
+    assert dev["total_mib"] is None and dev["max_alloc_mib"] is None
+    summary = ("Devices:\n========\nGPU0:\n\tapiVersion         = 1.3.280\n"
+               "\tdeviceType         = PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU\n"
+               "\tdeviceName         = AMD Radeon Graphics (RADV VANGOGH)\n"
+               "GPU1:\n\tdeviceType         = PHYSICAL_DEVICE_TYPE_CPU\n\tdeviceName         = llvmpipe\n")
+    assert [d["name"] for d in vulkan.parse(summary)] == ["AMD Radeon Graphics (RADV VANGOGH)"]
 
 
 def test_apple(fakepath):

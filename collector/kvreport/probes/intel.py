@@ -4,7 +4,8 @@
 Unified Runtime over Level-Zero, Intel(R) Arc(TM) A770 Graphics 12.55.8 [1.3.29735]`` (recent) or
 ``[ext_oneapi_level_zero:gpu:0] Intel(R) Level-Zero, Intel(R) Arc(TM) A770 Graphics 1.3 [1.3.26241]``
 (older); it reports no memory. ``xpu-smi discovery -j`` lists ``device_list`` entries whose
-``memory_physical_size_byte`` is the device memory in bytes (when xpu-smi is installed).
+``memory_physical_size_byte`` is the device memory in bytes (``memory_free_size_byte`` the free
+memory, where the version reports it; xpumanager's ``XPUM_DEVICE_PROPERTY_MEMORY_*`` properties).
 """
 
 from __future__ import annotations
@@ -43,19 +44,26 @@ def parse_xpu_smi(text: str) -> list[dict]:
     except ValueError:
         raise ProbeFailed(f"xpu-smi did not print JSON: {one_line(text, 80)}") from None
     devices = []
-    items = data.get("device_list") if isinstance(data, dict) else None
+    if isinstance(data, dict):
+        items = data.get("device_list") if "device_list" in data else [data]  # list, or `-d N -j` (one device)
+    else:
+        items = data
     for item in items if isinstance(items, list) else []:
-        if not isinstance(item, dict):
+        if not isinstance(item, dict) or not (item.get("device_name") or item.get("device_id") is not None):
             continue
-        size = item.get("memory_physical_size_byte")
-        try:
-            size = int(size)
-        except (TypeError, ValueError):
-            size = None
-        devices.append({"backend": "sycl", "index": item.get("device_id"), "name": item.get("device_name"),
-                        "total_mib": to_mib(size), "pci_bus_id": item.get("pci_bdf_address"),
-                        "source": "xpu-smi"})
+        size, free = (_bytes(item.get(k)) for k in ("memory_physical_size_byte", "memory_free_size_byte"))
+        index = item.get("device_id")
+        devices.append({"backend": "sycl", "index": index if isinstance(index, int) else None,
+                        "name": item.get("device_name"), "total_mib": to_mib(size), "free_mib": to_mib(free),
+                        "pci_bus_id": item.get("pci_bdf_address"), "source": "xpu-smi"})
     return devices
+
+
+def _bytes(value) -> int | None:
+    try:
+        return int(str(value).strip())
+    except (TypeError, ValueError):
+        return None
 
 
 def probe(timeout: float = 3.0) -> dict:

@@ -15,7 +15,7 @@ import re
 
 from kvreport.probes._util import ProbeFailed, one_line, run_named, to_mib
 
-_GPU = re.compile(r"^GPU(\d+):\s*$")
+_GPU = re.compile(r"^GPU(\d+):?\s*$")  # "GPU0:" (recent), "GPU0" (vulkaninfo before ~1.2.140)
 _KV = re.compile(r"^\s*(\w+)\s*=\s*(.*?)\s*$")
 _HEAP = re.compile(r"^\s*memoryHeaps\[(\d+)\]:\s*$")
 _NUM = re.compile(r"^(0x[0-9a-fA-F]+|\d+)")
