@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import and_, exists, func, or_, select
+from sqlalchemy import and_, case, exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet
@@ -16,7 +16,6 @@ from kvreport_server.store import as_utc
 
 SPARK_DAYS = 30
 SORTS = ("count", "last_seen", "first_seen", "trend", "machines")
-LIST_FACETS = ("backend", "gpu", "engine_version")
 
 
 def _like(text: str) -> str:
@@ -59,23 +58,30 @@ def list_clusters(session: Session, *, engine=None, backend=None, phase=None, ve
 
     today = _today()
     d = ClusterDay
-    recent = (select(func.coalesce(func.sum(d.count), 0)).where(d.cluster_id == Cluster.id,
-              d.day > today - dt.timedelta(days=7)).correlate(Cluster).scalar_subquery())
-    before = (select(func.coalesce(func.sum(d.count), 0)).where(
-        d.cluster_id == Cluster.id, d.day <= today - dt.timedelta(days=7),
-        d.day > today - dt.timedelta(days=14)).correlate(Cluster).scalar_subquery())
+    week_ago = today - dt.timedelta(days=7)
+    trend_sq = (select(d.cluster_id.label("cid"),
+                       func.sum(case((d.day > week_ago, d.count), else_=-d.count)).label("trend"))
+                .where(d.day > today - dt.timedelta(days=14)).group_by(d.cluster_id).subquery())
+    trend = func.coalesce(trend_sq.c.trend, 0)
     order = {
         "count": [Cluster.count.desc(), Cluster.last_seen.desc()],
         "last_seen": [Cluster.last_seen.desc()],
         "first_seen": [Cluster.first_seen.desc()],
         "machines": [Cluster.machines.desc(), Cluster.count.desc()],
-        "trend": [(recent - before).desc(), Cluster.count.desc()],
+        "trend": [trend.desc(), Cluster.count.desc()],
     }.get(sort, [Cluster.count.desc()])
-    rows = session.execute(select(Cluster).where(where).order_by(*order, Cluster.id)
+    base = select(Cluster)
+    if sort == "trend":
+        base = base.outerjoin(trend_sq, trend_sq.c.cid == Cluster.id)
+    rows = session.execute(base.where(where).order_by(*order, Cluster.id)
                            .offset((page - 1) * per_page).limit(per_page)).scalars().all()
     ids = [c.id for c in rows]
     sparks = sparklines(session, ids, today)
-    tops = top_facets(session, ids, LIST_FACETS, per_kind=5)
+    tops = top_facets(session, ids, ("backend", "gpu"), per_kind=5)
+    # the version range comes from min/max build; only clusters without build numbers list versions
+    no_builds = [c.id for c in rows if c.min_build is None]
+    for cid, kinds in top_facets(session, no_builds, ("engine_version",), per_kind=5).items():
+        tops.setdefault(cid, {}).update(kinds)
     items = []
     for c in rows:
         item = cluster_dict(c)

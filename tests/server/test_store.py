@@ -157,3 +157,21 @@ def test_regression_view(client, db):
     with db.Session() as s:
         d = cluster_detail(s, cid_other)
     assert d["regression"] == {"first_build": 7000, "first_version": "b7000", "earlier_bundles": 3}
+
+
+def test_sort_by_trend_and_sparkline(db):
+    import datetime as dt
+
+    from kvreport_server.queries import list_clusters
+
+    now = dt.datetime.now(dt.timezone.utc)
+    for _ in range(3):
+        store.ingest(db, bundle_from_case("loc-17-fail-huge-ctx-verbose"), received_at=now - dt.timedelta(days=10))
+    store.ingest(db, bundle_from_case("loc-23-fail-ulimit-compute-after-kv-800000"), received_at=now)
+    with db.Session() as s:
+        by_count, total = list_clusters(s, sort="count")
+        by_trend, _ = list_clusters(s, sort="trend")
+    assert total == 2
+    assert by_count[0]["count"] == 3 and by_trend[0]["count"] == 1
+    assert [c["trend"] for c in by_trend] == [1, -3]
+    assert by_count[0]["sparkline"][-11] == 3 and by_trend[0]["sparkline"][-1] == 1
