@@ -227,6 +227,26 @@ def test_ollama_env():
     assert parse_command("ollama run qwen2:72b --verbose")["flags"] == {"model": "qwen2:72b", "verbose": True}
 
 
+def test_koboldcpp_and_llama_cpp_python():
+    k = parse_command("python koboldcpp.py --model m.gguf --contextsize 150000 --gpulayers 99 --usecublas normal 0 "
+                      "--tensor_split 3 1 --flashattention --quantkv 1")
+    assert k["engine"] == "llama.cpp" and k["program"] == "koboldcpp.py"
+    f = k["flags"]
+    assert (f["n_ctx"], f["n_gpu_layers"], f["tensor_split"], f["flash_attn"]) == (150000, 99, [3.0, 1.0], "on")
+    assert f["cache_type_k"] == f["cache_type_v"] == "q8_0"
+    out = with_changes(k, {"--ctx-size": 65536, "--cache-type-k": "q4_0"})
+    assert "--contextsize 65536" in out and "--quantkv 2" in out and "--ctx-size" not in out
+    p = parse_command("python3 -m llama_cpp.server --model m.gguf --n_ctx 4096 --n_gpu_layers -1")
+    assert p["engine"] == "llama.cpp" and p["flags"]["n_ctx"] == 4096 and p["flags"]["n_gpu_layers"] == -1
+
+
+def test_windows_continuations():
+    ps = parse_command("llama-server.exe -m model.gguf `\n  -c 4096 `\n  -ngl 99")
+    assert ps["flags"] == {"model": "model.gguf", "n_ctx": 4096, "n_gpu_layers": 99}
+    cmd = parse_command("llama-server.exe -m C:\\m\\model.gguf ^\n  -c 4096")
+    assert cmd["flags"]["n_ctx"] == 4096
+
+
 @pytest.mark.parametrize("line", ["", "   ", "echo hi", "cd /x && ls", "'", "\"unclosed", "&&&", "\\", "\x00",
                                   "docker run", "bash -c", "python -m", "sudo", "env", "timeout 5"])
 def test_odd_lines(line):

@@ -481,6 +481,8 @@ def _clean_line(line: str) -> tuple[str, bool]:
         out.append(raw)
     text = "\n".join(out)
     text = re.sub(r"\\[ \t]*\n", " ", text) if not windows else re.sub(r"[\^`][ \t]*\n", " ", text)
+    # PowerShell (` at the end of a line) and cmd.exe (^) continuations after a space
+    text = re.sub(r"(?<=[ \t])[`^][ \t]*\n", " ", text)
     if windows:
         text = re.sub(r"\\[ \t]*\n(?=\s*-)", " ", text)
     # fd numbers glued to a redirection (2>&1, 2>/dev/null): drop the number so it is no argument.
@@ -751,6 +753,8 @@ def _classify(seg: list[str], i: int, found: _Found) -> _Found | None:
         found.engine, found.style = "ollama", "ollama"
         if rest and not rest[0].startswith("-"):
             found.program_part, found.args = [tok, rest[0]], rest[1:]
+    elif low.startswith("koboldcpp"):
+        found.engine, found.style = "llama.cpp", "kobold"
     elif low in ("text-generation-launcher", "text-generation-server"):
         found.engine, found.style = "tgi", "py"
     elif _LLAMA_PROGRAMS.match(low) or low.startswith("llama-") or low.startswith("ik_llama"):
@@ -771,6 +775,8 @@ def _module_engine(module: str) -> tuple[str | None, str | None]:
         return "sglang", "py"
     if low.startswith("llama_cpp"):
         return "llama.cpp", "py"
+    if low.startswith("koboldcpp"):
+        return "llama.cpp", "kobold"
     if low.startswith("text_generation"):
         return "tgi", "py"
     return None, "py"
@@ -988,6 +994,56 @@ def _parse_py(engine: str | None, args: list[str], flags: dict[str, Any]) -> Non
         flags["model"] = positional[0]
 
 
+# koboldcpp (koboldcpp.py argparse): its names for llama.cpp's settings. --quantkv 0/1/2 = f16/q8_0/q4_0
+# for both K and V; --flashattention is a bare flag; --tensor_split takes several numbers.
+_KOBOLD = {"contextsize": "n_ctx", "gpulayers": "n_gpu_layers", "blasbatchsize": "n_batch", "threads": "threads",
+           "model": "model", "model_param": "model", "tensor_split": "tensor_split", "flashattention": "flash_attn",
+           "quantkv": "cache_type_k", "maingpu": "main_gpu", "lowvram": "no_kv_offload"}
+_KOBOLD_BOOL = {"flashattention", "lowvram", "usemmap", "nommap", "usemlock", "noavx2", "failsafe", "remotetunnel",
+                "quiet", "multiuser", "foreground", "skiplauncher", "nocertify", "noshift", "nofastforward",
+                "debugmode"}
+_KOBOLD_LIST = {"tensor_split", "usecublas", "usevulkan", "useclblast", "usehipblas"}
+
+
+def _parse_kobold(args: list[str], flags: dict[str, Any]) -> None:
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        i += 1
+        if not tok.startswith("-"):
+            flags.setdefault("model", tok)
+            continue
+        name, eq, inline = tok.partition("=")
+        key = name.lstrip("-").replace("-", "_")
+        if key in _KOBOLD_LIST and not eq:
+            values = []
+            while i < len(args) and not args[i].startswith("-"):
+                values.append(args[i])
+                i += 1
+            value: Any = values
+        elif eq:
+            value = inline
+        elif key in _KOBOLD_BOOL:
+            value = True
+        elif i < len(args) and (not args[i].startswith("-") or re.fullmatch(r"-\d+", args[i])):
+            value = args[i]
+            i += 1
+        else:
+            value = True
+        canon = _KOBOLD.get(key, key)
+        if canon == "tensor_split":
+            nums = [_number(v) for v in (value if isinstance(value, list) else str(value).split(","))]
+            value = [float(v) for v in nums if isinstance(v, (int, float))]
+        elif canon == "cache_type_k":
+            value = {0: "f16", 1: "q8_0", 2: "q4_0"}.get(_number(str(value)), value)
+            flags["cache_type_v"] = value
+        elif canon == "flash_attn":
+            value = "on" if value is True else value
+        elif isinstance(value, str) and canon not in ("model",):
+            value = _number(value)
+        flags[canon] = value
+
+
 def _parse_ollama(program_part: list[str], args: list[str], env: dict[str, str], flags: dict[str, Any]) -> None:
     for name, key in _OLLAMA_ENV.items():
         if name in env:
@@ -1049,6 +1105,8 @@ def _analyse(line_or_argv: str | list[str] | tuple[str, ...]) -> tuple[dict, _Fo
         _parse_py(found.engine, found.args, flags)
     elif found.style == "ollama":
         _parse_ollama(found.program_part, found.args, env, flags)
+    elif found.style == "kobold":
+        _parse_kobold(found.args, flags)
     if found.engine is None and found.style is None and found.program is not None:
         flags = {}
     result.update({
@@ -1201,6 +1259,10 @@ def with_changes(command: dict, changes: dict[str, object]) -> str:
             env_changes[key] = value
             continue
         name = key if key.startswith("-") else "--" + key.replace("_", "-")
+        if found.style == "kobold":
+            name, value = _to_kobold(name, value)
+            if name is None:
+                continue
         if found.style == "llama" or (found.style is None and name in _LLAMA_BY_ALIAS):
             opt = _LLAMA_BY_ALIAS.get(name)
             if opt is None:
@@ -1240,6 +1302,24 @@ def with_changes(command: dict, changes: dict[str, object]) -> str:
         "docker", "podman", "nvidia-docker", "nerdctl") else []
     words += [_quote(t) for t in docker_prefix + found.program_part + args]
     return " ".join(words)
+
+
+_KOBOLD_FROM_LLAMA = {"--ctx-size": "--contextsize", "-c": "--contextsize", "-ngl": "--gpulayers",
+                      "--gpu-layers": "--gpulayers", "--n-gpu-layers": "--gpulayers", "--flash-attn": "--flashattention",
+                      "-fa": "--flashattention", "--cache-type-k": "--quantkv", "-ctk": "--quantkv",
+                      "--cache-type-v": "--quantkv", "-ctv": "--quantkv", "--batch-size": "--blasbatchsize",
+                      "-b": "--blasbatchsize", "--main-gpu": "--maingpu", "-mg": "--maingpu"}
+
+
+def _to_kobold(name: str, value: Any) -> tuple[str | None, Any]:
+    """A llama.cpp-spelled change as koboldcpp's option (None when koboldcpp has no equivalent)."""
+    kname = _KOBOLD_FROM_LLAMA.get(name, name)
+    if kname == "--flashattention":
+        return kname, True if value in (True, "on", "auto") else None
+    if kname == "--quantkv" and value is not None:
+        code = {"f16": 0, "q8_0": 1, "q4_0": 2}.get(str(value))
+        return (kname, code) if code is not None else (None, None)
+    return kname, value
 
 
 def _quote_assign(assign: str) -> str:
