@@ -227,3 +227,32 @@ def test_help_imports_no_server_requests_numpy():
             "print('BAD', bad, file=sys.stderr)\n")
     p = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, timeout=60)
     assert "BAD []" in p.stderr, p.stderr[-2000:]
+
+
+# --- a bundle (excerpt + redaction) diagnoses like its log ----------------------------------------
+
+from tests.paths import case_dirs  # noqa: E402
+
+
+@pytest.mark.parametrize("case", case_dirs(), ids=lambda p: p.name)
+def test_bundle_diagnosis_equals_log_diagnosis(case):
+    """The bounded excerpt and the redaction change no diagnosis: the written bundle vs the same
+    bundle holding every log line unredacted."""
+    from kvreport.analyze import analyze
+    from kvreport.cmdline import parse_command
+    from kvreport.excerpt import Excerpt
+    from kvreport.redact import Redactor
+
+    log = (case / "log.txt").read_text(errors="replace")
+    cmd = (case / "command.txt").read_text() if (case / "command.txt").is_file() else None
+    probe_result = {"host": {}, "devices": [], "probes": {}}
+    bundle = collect.build_bundle(log.splitlines(), cmd, None, 1.0, probe_result=probe_result,
+                                  redactor=Redactor(user_names=["alice"], host_names=["gpubox"]))
+    full = dict(bundle)
+    full["log"] = Excerpt(max_key_lines=10**9, tail_lines=10**9, max_line_chars=10**9).feed_all(
+        log.splitlines()).to_log("file")
+    full["command"] = parse_command(cmd) if cmd else {}
+    from_bundle, from_full = analyze(bundle), analyze(full)
+    assert from_bundle["failure"] == from_full["failure"]
+    assert from_bundle["memory"]["kv_required_mib"] == from_full["memory"]["kv_required_mib"]
+    assert [s["id"] for s in from_bundle["suggestions"]] == [s["id"] for s in from_full["suggestions"]]

@@ -37,6 +37,10 @@ def R():
     ("addr fe80::1ff:fe23:4567:890a%eth0 ok", "addr <ip-1> ok"),
     ("main: server is listening on 127.0.0.1:8080 and 0.0.0.0 and ::1", None),
     ("compiled on gpubox.lab.example.org by alice", "compiled on <host> by <user>"),
+    ("bob@workstation-7:~/llama.cpp$ ./llama-server -c 8192", "<user>@<host>:~/llama.cpp$ ./llama-server -c 8192"),
+    ("root@3f2a9c1b7d4e:/app# python3 -m vllm", "<user>@<host>:/app# python3 -m vllm"),
+    ("Jul 07 02:07:26 tower ollama[1234]: time=2024-07-07T02:07:26.000Z level=INFO",
+     "Jul 07 02:07:26 <host> ollama[1234]: time=2024-07-07T02:07:26.000Z level=INFO"),
 ])
 def test_redact_text(text, expected):
     r = R()

@@ -22,8 +22,11 @@ home               home directories: ``/home/x``, ``/Users/x``, ``C:\\Users\\x``
 ip                 IPv4 and IPv6 addresses except loopback and unspecified    ``<ip-N>``
                    (``127.0.0.1``, ``0.0.0.0``, ``::1``); version-like strings
                    (``v1.2.3.4``, ``version 1.2.3.4``) are not addresses
-user               this machine's user names (passed in)                       ``<user>``
-host               this machine's host names (passed in)                       ``<host>``
+user               this machine's user names (passed in), and the user of a    ``<user>``
+                   shell prompt (``alice@box:~$``)
+host               this machine's host names (passed in), a prompt's host,     ``<host>``
+                   and the host field of journalctl/syslog lines
+                   (``Jul 07 02:07:26 gpubox ollama[12]: …``)
 =================  ==========================================================  ===============
 
 Numbered placeholders are stable within one bundle: the same address gets the same ``<ip-N>``
@@ -76,6 +79,10 @@ _EMAIL = re.compile(r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9-]+(?:\
 _HOME = re.compile(
     r"(?P<home>(?:/mnt/[a-zA-Z]/Users|[A-Za-z]:(?:\\\\|\\|/)Users|/Users|/home|/var/home|/export/home)"
     r"(?:\\\\|\\|/)(?P<name>[^\s/\\\"'<>:;,|*?]+))", re.I)
+_PROMPT = re.compile(r"(?<![\w.@<>-])(?P<user>[A-Za-z_][\w.-]{0,31})@(?P<host>[A-Za-z0-9][\w.-]{0,62}):(?=[~/])")
+# journalctl / syslog prefix: "Jul 07 02:07:26 gpubox ollama[1234]: ..." (the 4th field is the host)
+_SYSLOG = re.compile(r"^(?P<pre>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d )(?P<host>[^\s<>]+)(?= [\w.@/-]+(?:\[\d+\])?: )",
+                     re.M)
 _IPV4 = re.compile(r"(?<![\w.])(?P<ip>(?:25[0-5]|2[0-4]\d|1?\d?\d)(?:\.(?:25[0-5]|2[0-4]\d|1?\d?\d)){3})(?![\w]|\.\d)")
 _IPV6 = re.compile(r"(?<![\w:.])(?P<ip>(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0,4}(?:%[\w.]+)?)(?![\w:.])")
 _VERSIONISH = re.compile(r"(?:\bv|\bversion[\s:=]*|\bver[\s:=]*|\bbuild[\s:=]*)$", re.I)
@@ -200,6 +207,19 @@ class Redactor:
             return "<home>"
 
         text = _HOME.sub(home, text)
+
+        def prompt(m: re.Match) -> str:
+            self.counts["user"] += 1
+            self.counts["host"] += 1
+            return "<user>@<host>:"
+
+        text = _PROMPT.sub(prompt, text)
+
+        def syslog(m: re.Match) -> str:
+            self.counts["host"] += 1
+            return m.group("pre") + "<host>"
+
+        text = _SYSLOG.sub(syslog, text)
         text = self._redact_ips(text)
         if self._user_re is not None:
             text, n = self._user_re.subn("<user>", text)
