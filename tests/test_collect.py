@@ -235,7 +235,9 @@ from tests.paths import case_dirs  # noqa: E402
 
 
 @pytest.mark.parametrize("case", case_dirs(), ids=lambda p: p.name)
-def test_bundle_diagnosis_equals_log_diagnosis(case):
+@pytest.mark.parametrize("names", [(["alice"], ["gpubox"]), (["user", "llm"], ["host", "gpu", "server", "main"])],
+                         ids=["names", "common-words"])
+def test_bundle_diagnosis_equals_log_diagnosis(case, names):
     """The bounded excerpt and the redaction change no diagnosis: the written bundle vs the same
     bundle holding every log line unredacted."""
     from kvreport.analyze import analyze
@@ -247,7 +249,7 @@ def test_bundle_diagnosis_equals_log_diagnosis(case):
     cmd = (case / "command.txt").read_text() if (case / "command.txt").is_file() else None
     probe_result = {"host": {}, "devices": [], "probes": {}}
     bundle = collect.build_bundle(log.splitlines(), cmd, None, 1.0, probe_result=probe_result,
-                                  redactor=Redactor(user_names=["alice"], host_names=["gpubox"]))
+                                  redactor=Redactor(user_names=names[0], host_names=names[1]))
     full = dict(bundle)
     full["log"] = Excerpt(max_key_lines=10**9, tail_lines=10**9, max_line_chars=10**9).feed_all(
         log.splitlines()).to_log("file")

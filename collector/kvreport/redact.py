@@ -87,8 +87,18 @@ _IPV4 = re.compile(r"(?<![\w.])(?P<ip>(?:25[0-5]|2[0-4]\d|1?\d?\d)(?:\.(?:25[0-5
 _IPV6 = re.compile(r"(?<![\w:.])(?P<ip>(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0,4}(?:%[\w.]+)?)(?![\w:.])")
 _VERSIONISH = re.compile(r"(?:\bv|\bversion[\s:=]*|\bver[\s:=]*|\bbuild[\s:=]*)$", re.I)
 _KEEP_IPS = {"127.0.0.1", "0.0.0.0", "255.255.255.255", "::1", "::"}
-_COMMON_NAMES = {"root", "user", "admin", "ubuntu", "debian", "runner", "guest", "users", "home", "localhost",
-                 "default", "nobody", "build", "test", "model", "models", "llama", "server"}
+_COMMON_NAMES = {
+    # generic account and machine names: not identifying, and frequent words in engine logs, so
+    # replacing them as bare words would corrupt the lines the analyzer reads ("host memory")
+    "root", "user", "users", "admin", "administrator", "ubuntu", "debian", "fedora", "arch", "centos", "runner",
+    "guest", "home", "host", "localhost", "local", "default", "nobody", "build", "test", "model", "models",
+    "llama", "ollama", "vllm", "sglang", "server", "client", "main", "master", "worker", "node", "compute",
+    "gpu", "cpu", "cuda", "rocm", "vulkan", "metal", "sycl", "memory", "device", "buffer", "cache", "context",
+    "system", "linux", "windows", "darwin", "desktop", "laptop", "workstation", "docker", "container",
+    "info", "warn", "error", "debug", "load", "none", "true", "false", "auto", "dev", "llm", "nvidia", "amd",
+    "intel", "apple", "mac", "macbook", "jetson", "raspberrypi", "box", "pc", "lab", "ai", "ml", "app",
+    "data", "work", "tmp", "var", "opt", "srv", "usr", "bin", "lib", "share", "root-pc", "kube", "pod",
+}
 _SECRET_KEY_NAME = re.compile(r"(?:^|[-_])" + _SECRET_WORD + r"(?:$|[-_])|^(?:hft|api_key|apikey|token)$", re.I)
 _NOT_SECRET_KEY = re.compile(r"(?:file|path|dir|type|types|len|length|size|count|prefix|_k|_v)$", re.I)
 
@@ -112,7 +122,7 @@ class Redactor:
     def __init__(self, user_names: Iterable[str] = (), host_names: Iterable[str] = ()):
         self.counts: Counter[str] = Counter()
         self._numbered: dict[str, dict[str, str]] = {"ip": {}, "email": {}}
-        users = {u for u in user_names if u and len(u) >= 3 and u.lower() not in _COMMON_NAMES}
+        users = {u for u in user_names if u and len(u) >= 3 and u.lower() not in _COMMON_NAMES and not u.isdigit()}
         hosts = set()
         for h in host_names:
             if not h:
@@ -121,7 +131,7 @@ class Redactor:
             short = h.split(".")[0]
             if short:
                 hosts.add(short)
-        hosts = {h for h in hosts if len(h) >= 3 and h.lower() not in _COMMON_NAMES}
+        hosts = {h for h in hosts if len(h) >= 3 and h.lower() not in _COMMON_NAMES and not h.isdigit()}
         self._user_re = _words_re(users)
         self._host_re = _words_re(hosts)
 
