@@ -111,3 +111,41 @@ def test_compute_on_secondary_gpu_rebalances():
                   requested_mib=3076.72)
     top = suggest(s)[0]
     assert top["id"] == "rebalance-devices" and top["change"] == {"--tensor-split": "1,1,0.5,1"}
+
+
+def test_other_backends_and_engines_are_placed():
+    metal = analyze_text(
+        "llama_model_load_from_file_impl: using device Metal (Apple M2) - 10922 MiB free\n"
+        "ggml_backend_metal_buffer_type_alloc_buffer: error: failed to allocate buffer, size = 16384.00 MiB\n"
+        "alloc_tensor_range: failed to allocate Metal buffer of size 17179869184\n"
+        "llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache\n")
+    f = metal["failure"]
+    assert (f["phase"], f["backend"], f["failing_device"], f["verdict"]) == ("kv_cache", "metal", "Metal", "exceeds_free")
+    sycl = analyze_text(
+        "ggml_backend_sycl_buffer_type_alloc_buffer: can't allocate 5368709120 Bytes of memory on device\n"
+        "ggml_gallocr_reserve_n: failed to allocate SYCL0 buffer of size 5368709120\n"
+        "llama_init_from_model: failed to allocate compute buffers\n")
+    assert (sycl["failure"]["phase"], sycl["failure"]["backend"], sycl["failure"]["requested_mib"]) == \
+        ("compute_buffer", "sycl", 5120.0)
+    ollama = analyze_text(
+        'time=2025-09-01T10:00:00Z level=INFO source=server.go:1 msg="gpu memory" id=GPU-1 library=CUDA available="9.8 GiB"\n'
+        'time=2025-09-01T10:00:00Z level=INFO source=server.go:1 msg="kv cache" device=CUDA0 size="12.0 GiB"\n'
+        'time=2025-09-01T10:00:00Z level=ERROR source=server.go:1 msg="memory layout cannot be allocated"\n')
+    assert (ollama["engine"], ollama["failure"]["phase"], ollama["failure"]["backend"]) == ("ollama", "context", "cuda")
+    assert ollama["memory"]["kv_required_mib"] == 12288.0
+    assert ollama["suggestions"][0]["change"] == {"OLLAMA_CONTEXT_LENGTH": 8192}
+    torch = analyze_text(
+        "INFO 05-01 [gpu_model_runner.py:1] Model loading took 14.99 GiB and 5.1 seconds\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+        "23.58 GiB of which 1.05 GiB is free.\n")
+    f = torch["failure"]
+    assert (torch["engine"], f["phase"], f["failing_device"], f["requested_mib"], f["verdict"]) == \
+        ("vllm", "compute_buffer", "CUDA0", 2048.0, "exceeds_free")
+
+
+def test_fit_dry_run_that_never_finished_is_the_failure():
+    d = analyze_text("0.00.006.400 I cmn  common_init_: fitting params to device memory ...\n"
+                     "/src/ggml/src/ggml.c:1644: GGML_ASSERT(ctx->mem_buffer != NULL) failed\n"
+                     "0.00.006.500 E ggml_aligned_malloc: insufficient memory (attempted to allocate  19.73 MB)\n")
+    assert d["failure"]["phase"] == "unknown" and d["failure"]["backend"] == "cpu"
+    assert d["failure"]["requested_mib"] == 19.73
