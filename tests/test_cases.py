@@ -99,3 +99,43 @@ def test_retry_without_pipeline_parallelism_that_worked_is_recovered():
     d = _diagnose(case)
     assert d["failure"]["phase"] == "none"
     assert any("pipeline parallelism" in x["text"] for x in d["findings"])
+
+
+def _strip_text_fields(d):
+    d = {**d, "failure": {**d["failure"], "allocator_error": None, "final_error": None}}
+    d["findings"] = [{**x, "line": None} for x in d["findings"]]
+    return d
+
+
+@pytest.mark.parametrize("variant", ["no_prefix", "crlf", "github_quote", "ansi", "jsonl", "docker"])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_framing_variants_give_the_same_diagnosis(case, variant):
+    """The same log without timestamps/levels, with CRLF, quoted from a GitHub comment, coloured,
+    as --log-jsonl records or behind a docker-compose column gives the same diagnosis."""
+    import json
+    import re
+
+    text = (case / "log.txt").read_text(errors="replace")
+    cmd = _command(case)
+    base = _strip_text_fields(analyze_text(text, cmd))
+    lines = text.splitlines()
+    prefix = re.compile(r"^\d+\.\d+\.\d+\.\d+ ([IWED]) ")
+    if variant == "no_prefix":
+        out = "\n".join(prefix.sub("", ln) for ln in lines)
+    elif variant == "crlf":
+        out = "\r\n".join(lines)
+    elif variant == "github_quote":
+        out = "> ```\n" + "\n".join("> " + ln for ln in lines) + "\n> ```"
+    elif variant == "ansi":
+        out = "\n".join(f"\x1b[3{i % 7}m{ln}\x1b[0m" for i, ln in enumerate(lines))
+    elif variant == "jsonl":
+        levels = {"I": "info", "W": "warn", "E": "error", "D": "debug"}
+        rec = []
+        for ln in lines:
+            m = prefix.match(ln)
+            rec.append(json.dumps({"type": "log", "time": 1, "level": levels[m.group(1)], "msg": ln[m.end():] + "\n"})
+                       if m else ln)
+        out = "\n".join(rec)
+    else:
+        out = "\n".join(f"llama-1  | {ln}" for ln in lines)
+    assert _strip_text_fields(analyze_text(out, cmd)) == base

@@ -292,11 +292,18 @@ class _Diagnosis:
             while idx > 0 and groups[idx - 1].retried:
                 idx -= 1
                 primary = groups[idx]
+            seen = set()
             for g in fatal[1:] + ([first] if primary is not first else []):
                 gg = g.ggml() or (g.backend_events() or [{}])[0]
-                if gg.get("line") and g is not primary:
-                    self.finding("secondary_failure", f"after that, another allocation failed: {gg.get('line')}",
-                                 gg.get("line"))
+                sig = (gg.get("device"), round(gg.get("mib") or 0.0, 2))
+                if gg.get("line") and g is not primary and sig not in seen:
+                    seen.add(sig)
+                    same = sig == ((primary.ggml() or (primary.backend_events() or [{}])[0]).get("device"),
+                                   round((primary.ggml() or (primary.backend_events() or [{}])[0]).get("mib") or 0.0, 2))
+                    text = ("the same allocation failed again later" if same else
+                            f"after that, another allocation failed: {_fmt(gg.get('mib'))} MiB on "
+                            f"{gg.get('device') or 'an unnamed device'}")
+                    self.finding("secondary_failure", text, gg.get("line"))
             self.primary = primary
             phase = first.phase() if first.reasons else primary.phase()
             if phase == "unknown" and primary.reasons:
