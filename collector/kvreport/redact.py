@@ -47,21 +47,30 @@ SECRET_KINDS = ("url_credentials", "authorization", "secret_flag", "secret_env",
 IDENTITY_KINDS = ("email", "home", "ip", "user", "host")
 
 _SECRET_WORD = r"(?:api[-_]?key|access[-_]?key|secret[-_]?key|private[-_]?key|token|secret|password|passwd|passphrase|credentials?|auth)"
-_QUOTED_OR_WORD = r"(?:\"[^\"]*\"|'[^']*'|[^\s\"',;]+)"
+_QUOTED_OR_WORD = r"(?:\"[^\"]*\"|'[^']*'|[^\s\"',;&]+)"
 
 _URL_CREDS = re.compile(r"(?P<pre>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<cred>[^\s/@:<>\"']+:[^\s/@<>\"']*|[^\s/@:<>\"']{8,})@")
-_URL_QUERY = re.compile(r"(?P<pre>[?&](?:[\w-]*" + _SECRET_WORD + r"[\w-]*|key|sig|signature)=)(?P<val>[^&\s\"'#]+)", re.I)
+# A name that ends with a secret word (hf_token, api-key, DB_PASSWORD), not one that merely contains
+# it (max_tokens, tokenizer, api_key_file, --max-num-batched-tokens).
+_SECRET_TAIL = (r"(?:api[-_]?key|access[-_]?key|secret[-_]?key|private[-_]?key|access[-_]?token|auth[-_]?token"
+                r"|token|secret|password|passwd|passphrase|credentials?)")
+_URL_QUERY = re.compile(r"(?P<pre>[?&](?:[\w-]*[_-])?(?:" + _SECRET_TAIL + r"|key|sig|signature)=)(?P<val>[^&\s\"'#]+)",
+                        re.I)
 _AUTH_HEADER = re.compile(r"(?P<pre>\b(?:proxy-)?authorization\b[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic|token|digest)\s+)?)(?P<val>[^\s\"',]+)", re.I)
 _BEARER = re.compile(r"(?P<pre>\b(?:bearer|basic)\s+)(?P<val>[A-Za-z0-9._~+/=-]{8,})", re.I)
 _SECRET_FLAG = re.compile(
-    r"(?P<pre>(?<![\w-])--?(?:[\w-]*[-_])?" + _SECRET_WORD + r"(?![\w-]*(?:file|path|dir|type|types|len|length|size|count|prefix))(?:[\w-]*)(?:\s*=\s*|\s+))(?P<val>" + _QUOTED_OR_WORD + r")",
-    re.I)
+    r"(?P<pre>(?<![\w-])--?(?:[\w-]*[-_])?" + _SECRET_TAIL + r"(?:\s*=\s*|\s+))(?P<val>" + _QUOTED_OR_WORD + r")", re.I)
 _HFT_FLAG = re.compile(r"(?P<pre>(?<![\w-])-(?:hft|hfrt)(?:\s*=\s*|\s+))(?P<val>" + _QUOTED_OR_WORD + r")")
+# Environment variables (upper case by convention): HF_TOKEN=, OPENAI_API_KEY=, AWS_SECRET_ACCESS_KEY=,
+# TOKEN_2=; and lower-case assignments whose name ends with a secret word (hf_token=…, password: …).
 _SECRET_ENV = re.compile(
-    r"(?P<pre>(?<![\w$])(?:\$env:)?[A-Za-z_][A-Za-z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIALS?|_PASS|_AUTH)[A-Za-z0-9_]*\s*=\s*)(?P<val>" + _QUOTED_OR_WORD + r")",
-    re.I)
+    r"(?P<pre>(?<![\w$])(?:\$env:)?(?:[A-Z0-9]+_)*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|PASS|APIKEY)"
+    r"(?:_[A-Z0-9]+)*=)(?P<val>" + _QUOTED_OR_WORD + r")")
+_SECRET_ASSIGN = re.compile(
+    r"(?P<pre>(?<![\w$.-])(?:[a-z0-9]+[_-])*" + _SECRET_TAIL + r"\s*[=:]\s*)"
+    r"(?P<val>\"[^\"]+\"|'[^']+'|(?!\d+(?:\s|$))[^\s\"',;&]{6,})")  # not "BOS token = 1 '<s>'"
 _JSON_SECRET = re.compile(
-    r"(?P<pre>[\"'][\w-]*" + _SECRET_WORD + r"[\w-]*[\"']\s*:\s*[\"'])(?P<val>[^\"']+)", re.I)
+    r"(?P<pre>[\"'](?:[\w-]*[_-])?" + _SECRET_TAIL + r"[\"']\s*:\s*[\"'])(?P<val>[^\"']+)", re.I)
 _TOKENS = re.compile(
     r"(?<![A-Za-z0-9])(?:"
     r"hf_[A-Za-z0-9]{10,}"
@@ -86,6 +95,7 @@ _SYSLOG = re.compile(r"^(?P<pre>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d )(?P<host>[
 _IPV4 = re.compile(r"(?<![\w.])(?P<ip>(?:25[0-5]|2[0-4]\d|1?\d?\d)(?:\.(?:25[0-5]|2[0-4]\d|1?\d?\d)){3})(?![\w]|\.\d)")
 _IPV6 = re.compile(r"(?<![\w:.])(?P<ip>(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0,4}(?:%[\w.]+)?)(?![\w:.])")
 _VERSIONISH = re.compile(r"(?:\bv|\bversion[\s:=]*|\bver[\s:=]*|\bbuild[\s:=]*)$", re.I)
+_LLAMA_TS_AFTER = re.compile(r" [IWEDT] ")
 _KEEP_IPS = {"127.0.0.1", "0.0.0.0", "255.255.255.255", "::1", "::"}
 _COMMON_NAMES = {
     # generic account and machine names: not identifying, and frequent words in engine logs, so
@@ -170,7 +180,8 @@ class Redactor:
     def _sub_value(self, regex: re.Pattern, kind: str, text: str, placeholder: str = "<token>") -> str:
         def repl(m: re.Match) -> str:
             val = m.group("val")
-            if _PLACEHOLDER.match(val.strip("\"'")) or not val.strip("\"'"):
+            bare = val.strip("\"'")
+            if not bare or _PLACEHOLDER.match(bare) or _PLACEHOLDER.match(bare.split(">", 1)[0] + ">"):
                 return m.group(0)
             self.counts[kind] += 1
             quote = val[0] if val[0] in "\"'" and val[-1:] == val[0] and len(val) > 1 else ""
@@ -197,6 +208,7 @@ class Redactor:
         text = self._sub_value(_HFT_FLAG, "secret_flag", text)
         text = self._sub_value(_SECRET_ENV, "secret_env", text)
         text = self._sub_value(_JSON_SECRET, "secret_env", text)
+        text = self._sub_value(_SECRET_ASSIGN, "secret_env", text)
 
         def token(m: re.Match) -> str:
             self.counts["token"] += 1
@@ -243,6 +255,10 @@ class Redactor:
         def v4(m: re.Match) -> str:
             ip = m.group("ip")
             if ip in _KEEP_IPS or ip.startswith("127.") or _VERSIONISH.search(text[max(0, m.start() - 12):m.start()]):
+                return ip
+            # llama.cpp's log timestamps (M.SS.mmm.uuu then a level letter, kv-facts.md §1.1) and other
+            # zero-padded dotted numbers are not addresses (an address has no leading zeros)
+            if _LLAMA_TS_AFTER.match(text, m.end()) or any(len(o) > 1 and o[0] == "0" for o in ip.split(".")):
                 return ip
             self.counts["ip"] += 1
             return self._numbered_placeholder("ip", ip)
