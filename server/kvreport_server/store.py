@@ -87,10 +87,14 @@ def _count_in(session: Session, cluster_id: int, row: Bundle, bundle_facets: set
             updated_at=utcnow(),
         ))
     new_machines = 0
-    for kind, value in sorted(bundle_facets):
-        n = _upsert_count(session, ClusterFacet.__table__, {"cluster_id": cluster_id, "kind": kind, "value": value}, 1)
-        if kind == "machine" and n == 1:
-            new_machines += 1
+    if bundle_facets:
+        # one multi-row upsert, rows in a fixed order (no lock-order deadlocks between uploads)
+        ft = ClusterFacet.__table__
+        rows = [{"cluster_id": cluster_id, "kind": k, "value": v, "count": 1} for k, v in sorted(bundle_facets)]
+        stmt = _insert(session)(ft).values(rows)
+        stmt = stmt.on_conflict_do_update(index_elements=["cluster_id", "kind", "value"],
+                                          set_={"count": ft.c.count + 1}).returning(ft.c.kind, ft.c.count)
+        new_machines = sum(1 for kind, n in session.execute(stmt) if kind == "machine" and n == 1)
     if new_machines:
         session.execute(update(Cluster.__table__).where(c.id == cluster_id)
                         .values(machines=c.machines + new_machines))
@@ -159,7 +163,6 @@ def ingest(db: Database, bundle: dict, *, size_bytes: int = 0, token_id: int | N
             session.flush()
             _count_in(session, cluster_id, row, bundle_facets)
             cluster = session.get(Cluster, cluster_id, populate_existing=True)
-            session.refresh(cluster)
         return IngestResult(201, bundle["id"], cluster, diagnosis)
     except IntegrityError:
         existing = _existing(db, bundle["id"], digest)
