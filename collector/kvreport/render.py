@@ -32,13 +32,14 @@ def render_text(diagnosis: dict, bundle: dict | None = None) -> str:
     phase = f.get("phase") or "unknown"
     out.append(f"  what:     {_PHASE_WORDS.get(phase, phase)}")
     if phase != "none":
-        where = f.get("failing_device") or f.get("backend") or "?"
-        parts = [f"on {where}"]
+        where = f.get("failing_device") or (f.get("backend") if f.get("backend") not in (None, "unknown") else None)
+        parts = [f"on {where}"] if where else []
         if f.get("requested_mib") is not None:
             parts.append(f"{_mib(f['requested_mib'])} MiB requested")
         if f.get("free_mib") is not None:
             parts.append(f"{_mib(f['free_mib'])} MiB free")
-        out.append("  failed:   " + ", ".join(parts) + f"  [{f.get('verdict') or 'unknown'}]")
+        if parts:
+            out.append("  failed:   " + ", ".join(parts) + f"  [{f.get('verdict') or 'unknown'}]")
         if f.get("allocator_error"):
             out.append(f"  deepest:  {f['allocator_error'][:200]}")
         if f.get("final_error"):
