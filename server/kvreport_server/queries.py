@@ -95,6 +95,16 @@ def list_clusters(session: Session, *, engine=None, backend=None, phase=None, ve
     return items, total
 
 
+def filter_choices(session: Session) -> dict[str, list[str]]:
+    """Distinct engines, backends, phases and verdicts of non-empty clusters (for the filter menus)."""
+    out = {}
+    for name, col in (("engine", Cluster.engine), ("backend", Cluster.backend), ("phase", Cluster.phase),
+                      ("verdict", Cluster.verdict)):
+        out[name] = [v for v in session.execute(select(col).where(Cluster.count > 0, col.is_not(None))
+                                                .distinct().order_by(col)).scalars()]
+    return out
+
+
 def sparklines(session: Session, ids: list[int], today: dt.date | None = None) -> dict[int, list[int]]:
     """Per-day counts over the last 30 days (oldest first) for each cluster id."""
     if not ids:

@@ -85,11 +85,11 @@ def test_browse_filter_open_bundle(live, page):
     assert total == len(ids)
     page.screenshot(path=str(ARTIFACTS / "clusters.png"), full_page=True)
 
-    page.fill("input[name=backend]", "cuda")
+    page.select_option("select[name=backend]", "cuda")
     page.click("#filters button[type=submit]")
     page.wait_for_url("**/?*backend=cuda*")
     assert page.locator("tr.cluster-row").count() == 1
-    page.fill("input[name=backend]", "")
+    page.select_option("select[name=backend]", "")
     page.fill("input[name=q]", "compute")
     page.click("#filters button[type=submit]")
     assert page.locator("tr.cluster-row").count() == 2

@@ -24,7 +24,7 @@ from kvreport_server.api.bundles import is_bundle_id
 from kvreport_server.db import get_db, get_session
 from kvreport_server.errors import ApiError
 from kvreport_server.models import CLUSTER_STATUSES, Bundle, Cluster
-from kvreport_server.queries import cluster_detail, list_clusters
+from kvreport_server.queries import cluster_detail, filter_choices, list_clusters
 from kvreport_server.schemas import ClusterQuerySchema
 from kvreport_server.service import update_cluster
 from kvreport_server.urls import bundle_url
@@ -77,7 +77,7 @@ def index():
     pages = max(1, -(-total // per_page))
     active = {k: v for k, v in raw.items() if k in FILTERS}
     return render_template("index.html", items=items, total=total, page=page, pages=pages, per_page=per_page,
-                           filters=active, statuses=CLUSTER_STATUSES)
+                           filters=active, statuses=CLUSTER_STATUSES, choices=filter_choices(get_session()))
 
 
 @bp.route("/clusters/<int:cluster_id>", methods=["GET", "POST"])
