@@ -79,6 +79,17 @@ def test_any_command_line_is_accepted():
         assert bundle["command"]["line"] == line.replace("\x00", "\x00")
 
 
+def test_environment_settings_become_flags():
+    bundle = collect.build_bundle(None, ["ollama", "serve"], None, 1.0,
+                                  extra_env={"OLLAMA_CONTEXT_LENGTH": "32768", "CUDA_VISIBLE_DEVICES": "1"})
+    assert bundle["command"]["line"] == "ollama serve"
+    assert bundle["command"]["flags"]["context_length"] == 32768
+    assert bundle["command"]["env"]["CUDA_VISIBLE_DEVICES"] == "1"
+    bundle = collect.build_bundle(None, "llama-server -c 4096", None, 1.0,
+                                  extra_env={"LLAMA_ARG_CTX_SIZE": "1024", "LLAMA_ARG_N_PARALLEL": "2"})
+    assert bundle["command"]["flags"]["n_ctx"] == 4096 and bundle["command"]["flags"]["n_parallel"] == 2
+
+
 def test_model_file_read_and_bad_model(tmp_path):
     sys.path.insert(0, str(Path(__file__).parent))
     from tinygguf import dense

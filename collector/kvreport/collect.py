@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from collections.abc import Iterable
 from datetime import datetime, timezone
@@ -155,8 +156,16 @@ def build_bundle(log_lines: Iterable[str] | None = None, command_line: str | lis
         for line in log_lines:
             excerpt.feed(line)
     command = parse_command(command_line) if command_line else {}
-    if extra_env:
-        command.setdefault("env", {})
+    if extra_env and command_line:
+        # the engine also read its settings from the environment it ran in (LLAMA_ARG_*, OLLAMA_*):
+        # parse as if those were env prefixes (the command line still wins), keep `line` as typed
+        prefix = [f"{k}={v}" for k, v in extra_env.items()]
+        if isinstance(command_line, str):
+            with_env = parse_command(" ".join(shlex.quote(p) for p in prefix) + " " + command_line)
+        else:
+            with_env = parse_command(prefix + list(command_line))
+        if with_env.get("engine") == command.get("engine"):
+            command["flags"] = with_env.get("flags") or command.get("flags") or {}
         command["env"] = {**extra_env, **(command.get("env") or {})}
     log_engine = _log_engine(excerpt)
     if probe_result is None:

@@ -186,6 +186,8 @@ def cli_run(cmd: list[str], log_path: str | None = None, command_line: str | Non
     if not cmd:
         click.echo("kvreport: error: nothing to run: kvreport run [options] -- CMD ARGS...", err=True)
         return 2
+    if command_line:
+        click.echo("kvreport: note: --command is ignored by run (the command is CMD itself)", err=True)
     program = resolve_program(cmd[0])
     if program is None:
         click.echo(f"kvreport: error: {cmd[0]}: command not found", err=True)
