@@ -161,10 +161,15 @@ def test_planted_secrets_never_survive(tmp_path_factory, secret, user, host, ip,
 
     bundle = build_bundle(log, line, None, 0.5, probe_result={"host": {}, "devices": [], "probes": {}},
                           redactor=Redactor(user_names=[user], host_names=[host]))
+    argv = ["env", f"HF_TOKEN={token}", "llama-server", "-m", f"{homes[3]}/x.gguf", "--api-key", token,
+            "-hft", token, "--host", ip]
+    bundle2 = build_bundle(log, argv, None, 0.5, probe_result={"host": {}, "devices": [], "probes": {}},
+                           extra_env={"MY_SERVICE_PASSWORD": token, "CUDA_VISIBLE_DEVICES": "0"},
+                           redactor=Redactor(user_names=[user], host_names=[host]))
     out = tmp_path_factory.mktemp("b") / "bundle.json"
     from kvreport.fsutil import write_json_atomic
 
-    write_json_atomic(out, bundle)
+    write_json_atomic(out, {"a": bundle, "b": bundle2})
     text = out.read_text()
     assert token not in text
     assert ip not in text and ip6 not in text and email not in text
