@@ -329,6 +329,23 @@ def test_pyengines(monkeypatch):
         pyengines.probe()
 
 
+def test_pyengines_asks_the_engines_interpreter(tmp_path):
+    """A `vllm` console script in another environment: its shebang Python is asked (metadata only)."""
+    script = tmp_path / "vllm"
+    script.write_text(f"#!{sys.executable}\nprint('vllm')\n")
+    script.chmod(0o755)
+    interp = pyengines.interpreter_of(str(script))
+    assert interp == sys.executable
+    assert pyengines.interpreter_of(sys.executable) == sys.executable
+    assert pyengines.interpreter_of(str(tmp_path / "missing")) is None
+    fake_python = tmp_path / "python3"
+    fake_python.write_text('#!/bin/sh\nprintf \'{"python": "3.12.3", "vllm": "0.9.1", "torch": "2.7.0+cu128"}\\n\'\n')
+    fake_python.chmod(0o755)
+    facts = pyengines.probe(2.0, interpreter=str(fake_python))["python_engines"]
+    assert facts == {"python": "3.12.3", "vllm": "0.9.1", "torch": "2.7.0+cu128", "interpreter": str(fake_python),
+                     "torch_cuda": "12.8"}
+
+
 # --- run_all -------------------------------------------------------------------------------------
 
 

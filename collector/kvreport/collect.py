@@ -120,6 +120,28 @@ def _engine_section(command: dict, probe_result: dict, log_engine: str | None) -
     return engine
 
 
+def engine_python(command: dict, program_path: str | None = None) -> str | None:
+    """The Python interpreter of a vLLM / SGLang / TGI command (to ask it for package versions).
+
+    ``program_path``: the resolved first word of the engine invocation when ``kvreport run`` is about
+    to execute it; otherwise an absolute path typed in the command, or the name looked up on the
+    PATH without ``.`` (a program in the current folder is never run).
+    """
+    if command.get("engine") not in ("vllm", "sglang", "tgi"):
+        return None
+    engine_argv = command.get("engine_argv") or []
+    if not engine_argv:
+        return None
+    from kvreport.probes._util import which
+    from kvreport.probes.pyengines import interpreter_of
+
+    first = engine_argv[0]
+    path = program_path
+    if path is None:
+        path = first if os.path.isabs(first) and os.path.isfile(first) else which(os.path.basename(first))
+    return interpreter_of(path)
+
+
 def _log_engine(excerpt: Excerpt | None) -> str | None:
     if excerpt is None or not excerpt.line_count:
         return None
@@ -136,7 +158,7 @@ def build_bundle(log_lines: Iterable[str] | None = None, command_line: str | lis
                  memory_before: list[dict] | None = None, log_source: str = "file", *,
                  excerpt: Excerpt | None = None, probe_result: dict | None = None,
                  engine_binary: str | None = None, extra_env: dict[str, str] | None = None,
-                 redactor=None) -> dict:
+                 python: str | None = None, redactor=None) -> dict:
     """A validated, redacted bundle dict (nothing is written).
 
     ``log_lines``: the engine log, any iterable of lines (or pass a filled ``excerpt``);
@@ -170,7 +192,8 @@ def build_bundle(log_lines: Iterable[str] | None = None, command_line: str | lis
     log_engine = _log_engine(excerpt)
     if probe_result is None:
         probe_result = probes.run_all(probe_timeout, engine_program=command.get("program"),
-                                      engine_binary=engine_binary, engine=command.get("engine") or log_engine)
+                                      engine_binary=engine_binary, engine=command.get("engine") or log_engine,
+                                      python=python or engine_python(command))
     bundle = {
         "schema": SCHEMA_ID,
         "id": new_bundle_id(),

@@ -178,7 +178,7 @@ def cli_run(cmd: list[str], log_path: str | None = None, command_line: str | Non
     """`kvreport run`: returns CMD's exit status (127 when CMD is not found, 126 when not executable)."""
     from kvreport import probes
     from kvreport.cmdline import parse_command, placement_env
-    from kvreport.collect import build_bundle, finish, memory_snapshot, read_log
+    from kvreport.collect import build_bundle, engine_python, finish, memory_snapshot, read_log
 
     cmd = list(cmd)
     if cmd and cmd[0] == "--":
@@ -201,9 +201,11 @@ def cli_run(cmd: list[str], log_path: str | None = None, command_line: str | Non
         engine_binary = program
     elif parsed.get("program"):
         engine_binary = resolve_program(parsed["engine_argv"][0]) if parsed.get("engine_argv") else None
+    first = (parsed.get("engine_argv") or [None])[0]
+    python = engine_python(parsed, program if first == cmd[0] else (resolve_program(first) if first else None))
     before = probes.run_all(probe_timeout, engine_program=parsed.get("program"),
                             engine_binary=engine_binary if probes.is_llama_program(parsed.get("program")) else None,
-                            engine=parsed.get("engine"))
+                            engine=parsed.get("engine"), python=python)
     memory_before = memory_snapshot(before)
     run_argv = [program, *cmd[1:]]
     build = (before.get("engine") or {}).get("build_number")
@@ -225,7 +227,7 @@ def cli_run(cmd: list[str], log_path: str | None = None, command_line: str | Non
         bundle = build_bundle(None, cmd, model_path, probe_timeout, memory_before=memory_before,
                               log_source="kvreport run" if not log_path else "file", excerpt=excerpt,
                               engine_binary=engine_binary if probes.is_llama_program(parsed.get("program")) else None,
-                              extra_env=placement_env())
+                              extra_env=placement_env(), python=python)
         bundle.setdefault("collector", {})["exit_status"] = status
         finish(bundle, output=output, upload=upload, server=server, token=token, show=show, yes=yes,
                as_json=as_json)

@@ -79,13 +79,15 @@ def is_llama_program(program: str | None) -> bool:
 
 def run_all(timeout: float = DEFAULT_TIMEOUT, engine_program: str | None = None,
             engine_binary: str | None = None, engine: str | None = None,
-            env: dict[str, str] | None = None) -> dict:
+            env: dict[str, str] | None = None, python: str | None = None) -> dict:
     """Run every probe concurrently; each gets ``timeout`` seconds (and is abandoned after it).
 
     ``engine_program`` is the engine binary's name from the command line (``llama-server``):
     the llama.cpp probe runs only for a llama.cpp program found on the PATH, or for
     ``engine_binary`` (an absolute path that ``kvreport run`` is about to execute anyway).
     ``engine`` ("llama.cpp", "ollama", "vllm"…) limits the engine probes to that engine.
+    ``python``: the engine's own interpreter (vLLM / SGLang in their own environment), asked for
+    its package versions instead of kvreport's.
 
     Returns ``{"host": dict, "devices": [dict], "engine": dict, "ollama": dict | None,
     "python_engines": dict | None, "probes": {name: "ok" | "absent" | "failed: <reason>"},
@@ -99,7 +101,7 @@ def run_all(timeout: float = DEFAULT_TIMEOUT, engine_program: str | None = None,
         "intel": _simple("intel"),
         "vulkan": _simple("vulkan"),
         "apple": _simple("apple"),
-        "pyengines": _simple("pyengines"),
+        "pyengines": _simple("pyengines", interpreter=python),
     }
     statuses: dict[str, str] = {}
     if engine_binary or (is_llama_program(engine_program) and engine in (None, "llama.cpp")):
