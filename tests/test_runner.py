@@ -172,3 +172,12 @@ def test_cli_run_end_to_end_exit_status(tmp_path):
     p = subprocess.run([*KVREPORT, "run", "--", "no-such-binary-xyz"], capture_output=True, text=True, env=env,
                        cwd=tmp_path, timeout=60)
     assert p.returncode == 127 and p.stderr.strip() == "kvreport: error: no-such-binary-xyz: command not found"
+
+
+def test_python_children_are_unbuffered(fixed_probes, tmp_path, monkeypatch):
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    out = tmp_path / "b.json"
+    code = "import os, sys; print('unbuffered=' + str(os.environ.get('PYTHONUNBUFFERED'))); sys.exit(1)"
+    assert runner.cli_run(_py(code), output=str(out)) == 1
+    texts = [t for _n, t in json.loads(out.read_text())["log"]["lines"]]
+    assert texts == ["unbuffered=1"]

@@ -128,7 +128,10 @@ def _pump(pipe, out_stream, name: str, capture: _Capture) -> None:
 def execute(argv: list[str], excerpt: Excerpt) -> int:
     """Run ``argv`` (no shell), tee its output into ``excerpt``, forward signals; return its status
     as a shell reports it (128 + N for signal N)."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, shell=False)
+    # Python engines (vLLM logs to stdout) would block-buffer into a pipe: ask them not to
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, shell=False, env=env)
     capture = _Capture(excerpt)
     threads = [threading.Thread(target=_pump, args=(proc.stdout, sys.stdout, "out", capture), daemon=True),
                threading.Thread(target=_pump, args=(proc.stderr, sys.stderr, "err", capture), daemon=True)]
