@@ -5,7 +5,8 @@
 2. CMD runs without a shell. Its stdout and stderr go to the terminal as they arrive (byte for
    byte, progress dots included) and, merged in arrival order, into a bounded
    :class:`kvreport.excerpt.Excerpt` (key lines + tail), so a server that logs for days costs
-   little memory.
+   little memory. ``PYTHONUNBUFFERED=1`` is set for CMD so that Python engines (vLLM logs to stdout)
+   do not hold their lines back in a pipe buffer. CMD's stdout is a pipe, not a terminal.
 3. Signals: SIGTERM and SIGHUP sent to kvreport are forwarded to CMD. Ctrl-C at a terminal already
    reaches CMD (it shares kvreport's foreground process group), so it is not sent twice (llama-server
    treats a second SIGINT as "terminate now"); a SIGINT sent to kvreport alone (no terminal) is
