@@ -222,6 +222,9 @@ def reanalyze(db: Database, *, batch_size: int = 200, max_batches: int | None = 
                 diagnosis = analysis.diagnose(row.data)
                 sig = analysis.signature_of(diagnosis)
                 new_cluster = ensure_cluster(session, sig, diagnosis)
+                session.execute(update(Cluster.__table__).where(Cluster.__table__.c.id == new_cluster,
+                                                                Cluster.__table__.c.title != sig["title"])
+                                .values(title=sig["title"]))
                 row.diagnosis = diagnosis
                 row.analyzer_version = current[:40]
                 for k, v in analysis.bundle_facts(row.data, diagnosis).items():

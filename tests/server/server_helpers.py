@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import os
 import secrets
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,45 @@ FAILURE_CASES = [
     "pub-001-llamacpp-cpu-1m-ctx-kv-128gib",
     "pub-016-llamacpppython-cuda-5gpu-compute-buffer-small-gpu",
 ]
+
+
+def scan(db) -> dict:
+    """True when every cluster's counters equal what a full scan of the bundles table gives
+    (else the two views, for the assertion message)."""
+    from sqlalchemy import select
+
+    from kvreport_server import analysis, store
+    from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet
+
+    with db.Session() as s:
+        rows = s.execute(select(Bundle)).scalars().all()
+        expect = defaultdict(lambda: {"count": 0, "machines": set(), "facets": Counter(), "days": Counter(),
+                                      "first": None, "last": None})
+        for b in rows:
+            e = expect[b.cluster_id]
+            e["count"] += 1
+            if b.machine:
+                e["machines"].add(b.machine)
+            e["facets"].update(analysis.facets(b.data, b.diagnosis))
+            t = store.as_utc(b.received_at)
+            e["days"][t.date()] += 1
+            e["first"] = min(e["first"] or t, t)
+            e["last"] = max(e["last"] or t, t)
+        got = {}
+        for c in s.execute(select(Cluster)).scalars():
+            facets = Counter({(f.kind, f.value): f.count for f in
+                              s.execute(select(ClusterFacet).where(ClusterFacet.cluster_id == c.id)).scalars()})
+            days = Counter({d.day: d.count for d in
+                            s.execute(select(ClusterDay).where(ClusterDay.cluster_id == c.id)).scalars()})
+            got[c.id] = (c.count, c.machines, facets, days, store.as_utc(c.first_seen), store.as_utc(c.last_seen))
+    want = {cid: (e["count"], len(e["machines"]), e["facets"], e["days"], e["first"], e["last"])
+            for cid, e in expect.items()}
+    for cid, val in got.items():
+        if cid not in want:
+            assert val[0] == 0 and not val[2] and not val[3], f"empty cluster {cid} keeps counts"
+    return {cid: v for cid, v in got.items() if v[0]} == want or (got, want)
+
+
+def assert_consistent(db):
+    result = scan(db)
+    assert result is True, result

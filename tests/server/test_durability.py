@@ -14,9 +14,14 @@ import time
 
 import pytest
 import requests
-from server_helpers import FAILURE_CASES, bundle_from_case, create_pg_database, drop_pg_database
+from server_helpers import (
+    FAILURE_CASES,
+    assert_consistent,
+    bundle_from_case,
+    create_pg_database,
+    drop_pg_database,
+)
 from sqlalchemy import func, select
-from test_store import assert_consistent
 
 from kvreport_server import auth, migrate
 from kvreport_server.db import Database

@@ -5,49 +5,12 @@ from __future__ import annotations
 
 import json
 import threading
-from collections import Counter, defaultdict
 
-from server_helpers import FAILURE_CASES, bundle_from_case, minimal_bundle
+from server_helpers import FAILURE_CASES, assert_consistent, bundle_from_case, minimal_bundle
 from sqlalchemy import func, select
 
 from kvreport_server import analysis, store
-from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet
-
-
-def scan(db) -> dict:
-    """What the counters should be, from the bundles table alone."""
-    with db.Session() as s:
-        rows = s.execute(select(Bundle)).scalars().all()
-        expect = defaultdict(lambda: {"count": 0, "machines": set(), "facets": Counter(), "days": Counter(),
-                                      "first": None, "last": None})
-        for b in rows:
-            e = expect[b.cluster_id]
-            e["count"] += 1
-            if b.machine:
-                e["machines"].add(b.machine)
-            e["facets"].update(analysis.facets(b.data, b.diagnosis))
-            t = store.as_utc(b.received_at)
-            e["days"][t.date()] += 1
-            e["first"] = min(e["first"] or t, t)
-            e["last"] = max(e["last"] or t, t)
-        got = {}
-        for c in s.execute(select(Cluster)).scalars():
-            facets = Counter({(f.kind, f.value): f.count for f in
-                              s.execute(select(ClusterFacet).where(ClusterFacet.cluster_id == c.id)).scalars()})
-            days = Counter({d.day: d.count for d in
-                            s.execute(select(ClusterDay).where(ClusterDay.cluster_id == c.id)).scalars()})
-            got[c.id] = (c.count, c.machines, facets, days, store.as_utc(c.first_seen), store.as_utc(c.last_seen))
-    want = {cid: (e["count"], len(e["machines"]), e["facets"], e["days"], e["first"], e["last"])
-            for cid, e in expect.items()}
-    for cid, val in got.items():
-        if cid not in want:
-            assert val[0] == 0 and not val[2] and not val[3], f"empty cluster {cid} keeps counts"
-    return {cid: v for cid, v in got.items() if v[0]} == want or (got, want)
-
-
-def assert_consistent(db):
-    result = scan(db)
-    assert result is True, result
+from kvreport_server.models import Bundle, Cluster
 
 
 def test_counters_equal_full_scan_after_uploads_and_deletes(db):
