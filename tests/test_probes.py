@@ -367,8 +367,8 @@ def test_run_all_hanging_tool_times_out_rest_intact(fakepath, monkeypatch):
     monkeypatch.setenv("FAKE_ROCM_SMI", "garbage")
     monkeypatch.setenv("FAKE_AMD_SMI", "garbage")
     start = time.monotonic()
-    result = probes.run_all(0.5, engine_program="llama-server")
-    assert time.monotonic() - start < 2.5
+    result = probes.run_all(1.0, engine_program="llama-server")
+    assert time.monotonic() - start < 4.0
     st = result["probes"]
     assert st["vulkan"].startswith("failed: ") and "timed out" in st["vulkan"]
     assert st["amd"].startswith("failed: ") and "JSON" in st["amd"]
