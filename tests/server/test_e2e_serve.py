@@ -117,3 +117,19 @@ def test_serve_upload_browse(server, tmp_path):
         assert row and int(row.group(1)) == n
         page = requests.get(f"{base}/clusters/{cid}", timeout=10)
         assert page.status_code == 200 and page.text.count('class="bundle-link"') == n
+
+
+def test_chunked_upload_and_busy_port(server, tmp_path):
+    """A body sent without Content-Length (chunked) is read; a port in use is one line, exit 2."""
+    base, env = server
+    r = run(["admin", "create-token", "chunked", "--database-url", env["KVREPORT_DATABASE_URL"]], env)
+    token = r.stdout.strip()
+    body = json.dumps(bundle_from_case("loc-21-fail-ulimit-kv-600000")).encode()
+    chunks = (body[i:i + 4096] for i in range(0, len(body), 4096))
+    up = requests.post(base + "/api/v1/bundles", data=chunks, timeout=30,
+                       headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    assert up.status_code == 201, up.text
+    port = int(base.rsplit(":", 1)[1])
+    busy = run(["serve", "--port", str(port), "--database-url", env["KVREPORT_DATABASE_URL"]], env)
+    assert busy.returncode == 2
+    assert busy.stderr.strip().splitlines()[-1].startswith("kvreport: error: cannot listen")
