@@ -202,3 +202,13 @@ def test_hostile_form_and_path_input_never_500(client, db, auth_header):
                                               "csrf_token": csrf_of(page)})
     assert r.status_code == 302
     assert "nul\ufffdhere" == client.get(f"/api/v1/clusters/{cid}").json["known_fix"]
+
+
+def test_login_next_is_never_an_open_redirect(client, db):
+    name, pw = make_user(db)
+    for target in ("https://evil.example", "//evil.example", "/\\evil.example", "javascript:alert(1)"):
+        page = client.get("/login").get_data(as_text=True)
+        r = client.post("/login", query_string={"next": target},
+                        data={"username": name, "password": pw, "csrf_token": csrf_of(page)})
+        assert r.status_code == 302 and r.headers["Location"] in ("/", "http://localhost/"), target
+        client.post("/logout", data={"csrf_token": csrf_of(client.get("/").get_data(as_text=True))})

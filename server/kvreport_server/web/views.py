@@ -140,7 +140,7 @@ def login():
         if user is not None:
             login_user(user)
             target = request.args.get("next") or ""
-            if not target.startswith("/") or target.startswith("//"):
+            if not target.startswith("/") or target.startswith("//") or "\\" in target or "\x00" in target:
                 target = url_for("web.index")
             return redirect(target)
         flash("Wrong user name or password.")
