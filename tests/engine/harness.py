@@ -146,6 +146,13 @@ def _name(p) -> str:
         return ""
 
 
+def _alive(p) -> bool:
+    try:
+        return p.is_running() and p.status() != "zombie"
+    except Exception:  # noqa: BLE001 - gone
+        return False
+
+
 def _tree(pid: int) -> list:
     """The process ``pid`` (as psutil.Process) and its descendants."""
     import psutil
@@ -160,11 +167,12 @@ def run_stopping(argv: list[str], env: dict[str, str], cwd: Path, timeout: float
                  stop_when_listening: bool = True) -> Run:
     """Run ``argv`` with stdout and stderr merged, collect every line, and return a ``Run``.
 
-    When a line says ``listening on http://`` (llama-server is up: model and context ready), and
-    once its ``/health`` answers 200, SIGTERM goes to the llama-server process among the
-    descendants (never to the whole group), repeated up to 3 times, 3 s apart, then SIGKILL;
-    llama-server exits 0 after ``cleaning up before exit...``. After ``timeout``
-    seconds the whole tree is killed and the run is reported with returncode -9.
+    When a line says ``listening on http://`` (llama-server is up: model and context ready) and
+    its task loop runs (``all slots are idle``, else ``/health`` answers 200), SIGTERM goes to the
+    llama-server process among the descendants (never to the whole group), repeated while no
+    shutdown began (up to 3 times, 10 s apart), then SIGKILL; llama-server exits 0 after
+    ``cleaning up before exit...``. After ``timeout`` seconds the whole tree is killed and the
+    run is reported with returncode -9.
     """
     start = time.monotonic()
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
@@ -173,20 +181,30 @@ def run_stopping(argv: list[str], env: dict[str, str], cwd: Path, timeout: float
     state = {"came_up": False, "stopped": False}
 
     def stop(url: str) -> None:
-        # llama-server logs "listening" just before its task loop starts; a SIGTERM that arrives before
-        # the loop runs is lost (the loop then waits forever), so wait for /health to answer 200 (the
-        # loop serves it), then SIGTERM, and repeat it if the server is still there.
+        # llama-server logs "listening" before its task loop starts, and a SIGTERM that arrives before
+        # the loop runs is lost (the loop then waits forever; a second SIGTERM makes it exit 1). The
+        # loop's first pass logs "update_slots: all slots are idle": wait for that line; failing it
+        # (a build that does not print it), for /health to answer 200.
         import urllib.request
 
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never a proxy
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                with opener.open(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except Exception:  # noqa: BLE001 - not yet up / loading
-                time.sleep(0.1)
+            if any("all slots are idle" in c for c in chunks[-50:]):
+                break
+            time.sleep(0.02)
+        else:
+            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never a proxy
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    with opener.open(url + "/health", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except Exception:  # noqa: BLE001 - not yet up / loading
+                    time.sleep(0.1)
+        # A second SIGTERM makes llama-server exit 1 at once ("Received second interrupt, terminating
+        # immediately"), so repeat it only when no shutdown has begun 10 s later (no "cleaning up
+        # before exit" line, the process still there): a hang is worse than a failed scenario.
         for attempt in range(4):
             servers = [c for c in _tree(proc.pid) if _name(c).startswith("llama-server")]
             if not servers:
@@ -197,11 +215,13 @@ def run_stopping(argv: list[str], env: dict[str, str], cwd: Path, timeout: float
                     state["stopped"] = True
                 except Exception:  # noqa: BLE001 - it may have exited already
                     pass
-            for c in servers:
-                try:
-                    c.wait(timeout=3)
-                except Exception:  # noqa: BLE001 - still running (or gone)
-                    pass
+            t_end = time.monotonic() + 10
+            while time.monotonic() < t_end and proc.poll() is None:
+                if any("cleaning up before exit" in c for c in chunks[-50:]):
+                    return  # shutting down; the caller's timeout covers a hang from here on
+                if not any(_alive(c) for c in servers):
+                    return
+                time.sleep(0.05)
 
     def pump() -> None:
         assert proc.stdout is not None
