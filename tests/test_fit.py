@@ -8,14 +8,14 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+
 from kvreport import fit as fit_mod
 from kvreport.cli import main
 from kvreport.errors import InputError
 from kvreport.fit import fit_report, render_fit
 from kvreport.kvcache import dense_shape
-from tinygguf import dense
-
 from tests.paths import case_dirs
+from tests.tinygguf import dense
 
 
 @pytest.fixture
@@ -152,3 +152,22 @@ def test_swa_model_table_counts_the_window_cache():
     assert rep["kv_required_mib"] == 3090.0  # kv-worked-examples.md §2: 3,072 + 18 MiB
     assert rep["kv_required_mib_by_type"]["f16"] == 3090.0
     assert rep["max_ctx_fit"]["f16"] == (4096 - 18) * 1024 * 1024 // (12 * 2048) // 256 * 256
+
+
+def test_ctk_alone_leaves_v_at_f16_as_llama_cpp_does():
+    shape = dense_shape(n_layer=32, n_head_kv=8, head_dim=128)
+    rep = fit_report(shape, 8192, 4096, cache_type_k="q8_0")
+    assert rep["inputs"]["cache_type_k"] == "q8_0" and rep["inputs"]["cache_type_v"] == "f16"
+    # K q8_0 (1088 B/layer/token) + V f16 (2048 B/layer/token), 32 layers, 8192 tokens
+    assert rep["kv_required_mib"] == (1088 + 2048) * 32 * 8192 / 2**20
+
+
+def test_fit_from_a_log_takes_the_cache_types_printed_on_the_kv_size_line():
+    from tests.paths import SHARED_CASES
+
+    log = SHARED_CASES / "loc-35-success-ctk-q8_0-only-fa-off" / "log.txt"
+    r = CliRunner().invoke(main, ["fit", "--log", str(log), "--free-mib", "4096", "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert rep["inputs"]["cache_type_k"] == "q8_0" and rep["inputs"]["cache_type_v"] == "f16"
+    assert rep["kv_required_mib"] == 49.0  # llama_kv_cache: size = 49.00 MiB ... K (q8_0) ... V (f16)

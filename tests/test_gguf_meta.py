@@ -9,10 +9,11 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from kvreport.errors import ModelFileError
 from kvreport.gguf_meta import gguf_summary, read_gguf_metadata, shape_from_gguf
 from kvreport.kvcache import MIB, KVConfig, kv_size, swa_layers
-from tinygguf import dense, write_gguf
+from tests.tinygguf import dense, write_gguf
 
 
 def test_dense_gqa(tmp_path):

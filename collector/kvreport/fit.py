@@ -77,7 +77,8 @@ def fit_report(shape: ModelShape, ctx_size: int | None, free_mib: float, paralle
     """
     n_seq = max(1, int(parallel or 1))
     unified = (n_seq == 1) if kv_unified is None else bool(kv_unified)
-    tk, tv = normalize_type(cache_type_k), normalize_type(cache_type_v or cache_type_k)
+    # As in llama.cpp (common/arg.cpp), -ctk and -ctv are independent; each defaults to f16.
+    tk, tv = normalize_type(cache_type_k or "f16"), normalize_type(cache_type_v or "f16")
     for t in (tk, tv):
         if not is_known_type(t):
             raise InputError(f"unknown cache type {t!r}",
@@ -254,7 +255,14 @@ def _shape_from_options(model_path, log_path, hf_config) -> tuple[ModelShape, di
         if shape is None:
             raise InputError(f"{log_path} does not print the model parameters (print_info lines)",
                              hint="recent llama.cpp builds print them only with -lv 4")
-        return shape, dict(facts.ctx or {})
+        ctx = dict(facts.ctx or {})
+        # Recent builds print the cache types only on the KV size line (llama-kv-cache.cpp).
+        for cache in reversed(facts.kv_caches or []):
+            if not cache.get("dry_run"):
+                ctx.setdefault("type_k", cache.get("type_k"))
+                ctx.setdefault("type_v", cache.get("type_v"))
+                break
+        return shape, {k: v for k, v in ctx.items() if v is not None}
     from kvreport.hfconfig import load_hf_config, shape_from_hf_config
 
     return shape_from_hf_config(load_hf_config(hf_config)), {}
