@@ -244,3 +244,70 @@ def test_not_a_kv_failure(kv, tiny_models, sid, model, flags, via):
     record(f"neg/{sid}", shlex.join(["llama-server", "-m", tiny_models[model].name, "-c", "4096", *flags]),
            f"exit 1; first error: {first_error[:100]}", _said(d))
     _not_kv(d)
+
+
+def _free_verdicts(via: str) -> tuple[str, ...]:
+    """llama-completion / llama-bench with --fit off print no free memory at all: from their log alone the
+    verdict may be unknown; `kvreport run` measured the host before launch, so it must say exceeds_free."""
+    return ("exceeds_free", "unknown") if via == "log" else ("exceeds_free",)
+
+
+@VIA
+def test_kv_failure_other_tools(kv, tiny_models, via):
+    """The same KV failure through llama-cli (an in-process llama-server thread) and llama-completion."""
+    ctx = _huge_ctx()
+    req = ctx * FATKV_BYTES_PER_TOKEN_F16
+    m = str(tiny_models["tiny-fatkv"])
+    for tool, extra in (("llama-cli", ["-st", "--simple-io"]), ("llama-completion", ["-no-cnv"])):
+        cmd = _huge([tool, "-m", m, "-c", str(ctx), "-p", "hello", "-n", "1", *extra, "--fit", "off", "-lv", "4"], req)
+
+        def printed_ok(p, run, tool=tool):
+            assert p.kv_failed and p.failed_bytes[-1] == req, f"{tool}:\n{run.tail()}"
+
+        _scenario(kv, via, f"kv-huge-ctx-{tool}", cmd, Expect("kv_cache", _free_verdicts(via)), kv_mib=req / MIB,
+                  check_printed=printed_ok)
+
+
+@VIA
+def test_kv_failure_llama_bench(kv, tiny_models, via):
+    """llama-bench -d 131072 -p 64 -n 16: n_ctx = 131072 + 64 + 16 padded to 256 -> 131328 cells; its
+    log lines carry no prefix or timestamp."""
+    cells = 131328
+    req = cells * FATKV_BYTES_PER_TOKEN_F16
+    cmd = _huge(["llama-bench", "-m", str(tiny_models["tiny-fatkv"]), "-p", "64", "-n", "16", "-d", "131072",
+                 "-r", "1"], req)
+
+    def printed_ok(p, run):
+        assert p.kv_failed and p.failed_bytes[-1] == req, run.tail()
+
+    _scenario(kv, via, "kv-huge-depth-llama-bench", cmd, Expect("kv_cache", _free_verdicts(via)), kv_mib=req / MIB,
+              check_printed=printed_ok)
+
+
+def test_kv_failure_default_verbosity_needs_the_model(kv, tiny_models):
+    """At the default verbosity this llama.cpp prints no model parameters and no n_ctx, only the bytes
+    that failed. `kvreport run --keep-verbosity` keeps it that way; kvreport must still size the KV
+    from the GGUF header of the command's -m file (the bundle's model section) and the command's -c."""
+    ctx = _huge_ctx()
+    req = ctx * FATKV_BYTES_PER_TOKEN_F16
+    cmd = _huge(kv.server_cmd(tiny_models["tiny-fatkv"], "-c", str(ctx), "--fit", "off"), req)
+    res = kv.run(cmd, extra=("--keep-verbosity",), name="default-verbosity")
+    assert res.run.returncode == 1, res.run.tail()
+    p = res.printed
+    assert p.kv_failed and p.failed_bytes[-1] == req and not p.n_ctx, "expected a default-verbosity log"
+    assert res.bundle is not None, res.run.tail()
+    d = res.diagnosis
+    record("fail/default-verbosity-keep", f"kvreport run --keep-verbosity -- llama-server -m tiny-fatkv.gguf -c {ctx} --fit off",
+           f"exit 1; only 'failed to allocate buffer of size {req}' (no n_ctx, no hparams)", _said(d))
+    _check(d, p, Expect("kv_cache", ("exceeds_free",)), req / MIB)
+    assert (res.bundle.get("model") or {}).get("gguf"), "the bundle holds no GGUF metadata of the -m file"
+
+
+def test_verbose_log_dry_run_not_counted(kv, tiny_models):
+    """With -v the fit's dry run prints its own KV lines ('CPU KV buffer size = 0.00 MiB' and the would-be
+    'size = 65536.00 MiB'): the KV asked for is counted once."""
+    ctx = _huge_ctx()
+    req = ctx * FATKV_BYTES_PER_TOKEN_F16
+    cmd = _huge(kv.server_cmd(tiny_models["tiny-fatkv"], "-c", str(ctx), "-v"), req)
+    d = _scenario(kv, "log", "kv-huge-ctx-verbose", cmd, Expect("kv_cache", ("exceeds_free",)), kv_mib=req / MIB)
+    assert d["memory"]["fit"]["ran"] is True
