@@ -13,7 +13,7 @@ import dataclasses
 import datetime as dt
 from collections.abc import Callable
 
-from sqlalchemy import case, delete, func, select, update
+from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
@@ -66,26 +66,32 @@ def _upsert_count(session: Session, table, keys: dict, delta: int) -> int:
     return session.execute(stmt.returning(table.c.count)).scalar_one()
 
 
-def _count_in(session: Session, cluster_id: int, row: Bundle, bundle_facets: set[tuple[str, str]]) -> None:
-    """Add one bundle to a cluster's counters (the caller holds the transaction)."""
-    t = as_utc(row.received_at)
-    build = row.build_number
-    version = f"b{build}" if build is not None else row.engine_version
+def _counter_updates(t: dt.datetime, build: int | None, version: str | None) -> dict:
+    """SET clauses that add one bundle received at ``t`` (engine build ``build``) to a cluster row."""
     c = Cluster.__table__.c
-    session.execute(
-        update(Cluster.__table__).where(c.id == cluster_id).values(
-            count=c.count + 1,
-            first_seen=case((c.first_seen.is_(None), t), (c.first_seen > t, t), else_=c.first_seen),
-            last_seen=case((c.last_seen.is_(None), t), (c.last_seen < t, t), else_=c.last_seen),
-            min_build=case((c.min_build.is_(None), build), (c.min_build > build, build), else_=c.min_build)
-            if build is not None else c.min_build,
-            max_build=case((c.max_build.is_(None), build), (c.max_build < build, build), else_=c.max_build)
-            if build is not None else c.max_build,
-            first_version=case((c.min_build.is_(None), version), (c.min_build > build, version),
-                               else_=c.first_version) if build is not None
-            else case((c.first_version.is_(None), version), else_=c.first_version),
-            updated_at=utcnow(),
-        ))
+    return dict(
+        count=c.count + 1,
+        first_seen=case((c.first_seen.is_(None), t), (c.first_seen > t, t), else_=c.first_seen),
+        last_seen=case((c.last_seen.is_(None), t), (c.last_seen < t, t), else_=c.last_seen),
+        min_build=case((c.min_build.is_(None), build), (c.min_build > build, build), else_=c.min_build)
+        if build is not None else c.min_build,
+        max_build=case((c.max_build.is_(None), build), (c.max_build < build, build), else_=c.max_build)
+        if build is not None else c.max_build,
+        first_version=case((c.min_build.is_(None), version), (c.min_build > build, version),
+                           else_=c.first_version) if build is not None
+        else case((c.first_version.is_(None), version), else_=c.first_version),
+        updated_at=utcnow(),
+    )
+
+
+def _version_of(build: int | None, engine_version: str | None) -> str | None:
+    return f"b{build}" if build is not None else engine_version
+
+
+def _count_facets_and_day(session: Session, cluster_id: int, t: dt.datetime,
+                          bundle_facets: set[tuple[str, str]]) -> None:
+    """Add one bundle's facet values, distinct machine and day to a cluster."""
+    c = Cluster.__table__.c
     new_machines = 0
     if bundle_facets:
         # one multi-row upsert, rows in a fixed order (no lock-order deadlocks between uploads)
@@ -99,6 +105,14 @@ def _count_in(session: Session, cluster_id: int, row: Bundle, bundle_facets: set
         session.execute(update(Cluster.__table__).where(c.id == cluster_id)
                         .values(machines=c.machines + new_machines))
     _upsert_count(session, ClusterDay.__table__, {"cluster_id": cluster_id, "day": t.date()}, 1)
+
+
+def _count_in(session: Session, cluster_id: int, row: Bundle, bundle_facets: set[tuple[str, str]]) -> None:
+    """Add one bundle to an existing cluster's counters (the caller holds the transaction)."""
+    t = as_utc(row.received_at)
+    updates = _counter_updates(t, row.build_number, _version_of(row.build_number, row.engine_version))
+    session.execute(update(Cluster.__table__).where(Cluster.__table__.c.id == cluster_id).values(**updates))
+    _count_facets_and_day(session, cluster_id, t, bundle_facets)
 
 
 def _count_out(session: Session, cluster_id: int, row: Bundle, bundle_facets: set[tuple[str, str]]) -> None:
@@ -142,27 +156,42 @@ def ingest(db: Database, bundle: dict, *, size_bytes: int = 0, token_id: int | N
     Raises :class:`ApiError` 409 when the id is stored with different content. Safe under
     concurrent uploads of the same id (the loser of the insert race re-reads and answers 200/409).
     """
-    diagnosis = analysis.diagnose(bundle)
     digest = analysis.content_hash(bundle)
     existing = _existing(db, bundle["id"], digest)
     if existing is not None:
         return existing
+    diagnosis = analysis.diagnose(bundle)
     sig = analysis.signature_of(diagnosis)
     facts = analysis.bundle_facts(bundle, diagnosis)
     bundle_facets = analysis.facets(bundle, diagnosis)
-    received_at = received_at or utcnow()
+    t = as_utc(received_at or utcnow())
+    build = facts["build_number"]
+    version = _version_of(build, facts["engine_version"])
+    failure = diagnosis.get("failure") or {}
+    first = {
+        "scheme": sig["scheme"], "key": sig["key"], "signature_id": sig["id"], "title": sig["title"],
+        "engine": analysis._cut(diagnosis.get("engine"), 40), "phase": analysis._cut(failure.get("phase"), 40),
+        "backend": analysis._cut(failure.get("backend"), 40), "verdict": analysis._cut(failure.get("verdict"), 40),
+        "count": 1, "machines": 0, "status": "new", "first_seen": t, "last_seen": t, "min_build": build,
+        "max_build": build, "first_version": version, "updated_at": utcnow(),
+    }
     try:
         with db.write_lock(), db.Session() as session, session.begin():
-            cluster_id = ensure_cluster(session, sig, diagnosis)
-            row = Bundle(id=bundle["id"], cluster_id=cluster_id, content_hash=digest, data=bundle,
-                         diagnosis=diagnosis, analyzer_version=str(diagnosis.get("analyzer_version") or
-                                                                   analysis.analyzer_version())[:40],
-                         created_at=str(bundle.get("created_at"))[:40], received_at=received_at,
-                         size_bytes=min(int(size_bytes), 2**31 - 1), token_id=token_id, **facts)
-            session.add(row)
-            session.flush()
-            _count_in(session, cluster_id, row, bundle_facets)
-            cluster = session.get(Cluster, cluster_id, populate_existing=True)
+            # 1. the cluster row, created or counted in one upsert (this also takes its row lock first,
+            #    so concurrent uploads to one cluster queue here and never deadlock)
+            ct = Cluster.__table__
+            stmt = _insert(session)(ct).values(**first).on_conflict_do_update(
+                index_elements=["scheme", "key"], set_=_counter_updates(t, build, version)).returning(*ct.c)
+            crow = session.execute(stmt).one()
+            cluster = Cluster(**dict(crow._mapping))
+            # 2. the bundle (a duplicate id raises IntegrityError and rolls everything back)
+            session.execute(insert(Bundle.__table__).values(
+                id=bundle["id"], cluster_id=cluster.id, content_hash=digest, data=bundle, diagnosis=diagnosis,
+                analyzer_version=str(diagnosis.get("analyzer_version") or analysis.analyzer_version())[:40],
+                created_at=str(bundle.get("created_at"))[:40], received_at=t,
+                size_bytes=min(int(size_bytes), 2**31 - 1), token_id=token_id, **facts))
+            # 3. facets, distinct machines, per-day count
+            _count_facets_and_day(session, cluster.id, t, bundle_facets)
         return IngestResult(201, bundle["id"], cluster, diagnosis)
     except IntegrityError:
         existing = _existing(db, bundle["id"], digest)
