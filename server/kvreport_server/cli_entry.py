@@ -7,6 +7,7 @@ line on stderr, never a traceback).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -72,6 +73,27 @@ def load_examples(db, folder: Path | None = None) -> tuple[int, int]:
     return stored, skipped
 
 
+def _local_secret_key() -> str | None:
+    """A secret key kept in the user data directory (mode 0600), so that `kvreport serve` keeps
+    sign-ins across restarts without configuration; None when it cannot be written."""
+    from platformdirs import user_data_dir
+
+    from kvreport_server.config import random_secret
+
+    path = Path(user_data_dir("kvreport", appauthor=False)) / "secret_key"
+    try:
+        if path.is_file():
+            return path.read_text().strip() or None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            key = random_secret()
+            fh.write(key)
+        return key
+    except OSError:
+        return None
+
+
 def serve(host: str, port: int, database_url: str | None, demo: bool = False, threads: int = 8) -> int:
     """Apply the migrations, then serve the app with waitress on ``host:port`` until interrupted."""
     try:
@@ -80,8 +102,11 @@ def serve(host: str, port: int, database_url: str | None, demo: bool = False, th
         return _err(str(exc))
     from kvreport_server import create_app
 
+    overrides = {"DATABASE_URL": url}
+    if not os.environ.get("KVREPORT_SECRET_KEY"):
+        overrides["SECRET_KEY"] = _local_secret_key()
     try:
-        app = create_app({"DATABASE_URL": url})
+        app = create_app(overrides)
     except ValueError as exc:
         return _err(str(exc))
     if demo:
