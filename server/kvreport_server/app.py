@@ -93,8 +93,9 @@ def _token_key() -> str:
 def _init_limiter(app: Flask, cfg: dict, api_blps, web_bp) -> None:
     upload = cfg.get("RATE_LIMIT_UPLOAD")
     read = cfg.get("RATE_LIMIT_READ")
+    login = cfg.get("RATE_LIMIT_LOGIN")
     limiter = Limiter(_token_key, app=app, storage_uri=cfg.get("RATE_LIMIT_STORAGE") or "memory://",
-                      headers_enabled=True, enabled=bool(upload or read), key_prefix=f"kvr{id(app)}")
+                      headers_enabled=True, enabled=bool(upload or read or login), key_prefix=f"kvr{id(app)}")
     app.extensions["kvreport_limiter"] = limiter
     for blp in api_blps:
         if upload:
@@ -104,6 +105,9 @@ def _init_limiter(app: Flask, cfg: dict, api_blps, web_bp) -> None:
     if read:
         limiter.limit(read, methods=["GET"], key_func=_token_key,
                       exempt_when=lambda: request.endpoint in ("web.healthz", "static"))(web_bp)
+    if login:
+        limiter.limit(login, methods=["POST"], key_func=lambda: "login:" + (get_remote_address() or "?"),
+                      exempt_when=lambda: request.endpoint != "web.login")(web_bp)
 
 
 def _init_logging(app: Flask, enabled: bool) -> None:

@@ -25,6 +25,7 @@ DEFAULTS: dict[str, object] = {
     "SECRETS_POLICY": "refuse",      # KVREPORT_SECRETS_POLICY: refuse | flag (server's second redaction pass)
     "RATE_LIMIT_UPLOAD": None,       # KVREPORT_RATE_LIMIT_UPLOAD, e.g. "120/minute" per token (off when unset)
     "RATE_LIMIT_READ": None,         # KVREPORT_RATE_LIMIT_READ, e.g. "600/minute" per client (off when unset)
+    "RATE_LIMIT_LOGIN": "20/minute",  # KVREPORT_RATE_LIMIT_LOGIN: sign-in attempts per client address ("" = off)
     "RATE_LIMIT_STORAGE": "memory://",  # KVREPORT_RATE_LIMIT_STORAGE (Flask-Limiter storage URI)
     "SECURE_COOKIES": None,          # KVREPORT_SECURE_COOKIES=1 behind TLS (default: on when PUBLIC_URL is https)
     "TRUST_PROXY": 0,                # KVREPORT_TRUST_PROXY: number of proxies in front (X-Forwarded-*)

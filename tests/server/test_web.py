@@ -212,3 +212,15 @@ def test_login_next_is_never_an_open_redirect(client, db):
                         data={"username": name, "password": pw, "csrf_token": csrf_of(page)})
         assert r.status_code == 302 and r.headers["Location"] in ("/", "http://localhost/"), target
         client.post("/logout", data={"csrf_token": csrf_of(client.get("/").get_data(as_text=True))})
+
+
+def test_sign_in_attempts_are_rate_limited(make_app):
+    app = make_app(RATE_LIMIT_LOGIN="3/minute")
+    client = app.test_client()
+    codes = []
+    for _ in range(4):
+        page = client.get("/login").get_data(as_text=True)
+        codes.append(client.post("/login", data={"username": "x", "password": "y",
+                                                 "csrf_token": csrf_of(page)}).status_code)
+    assert codes == [200, 200, 200, 429]
+    assert client.get("/login").status_code == 200  # only POSTs count
