@@ -55,8 +55,8 @@ def test_collect_records_real_engine(kv, llama, tiny_models, real_outputs):
 
 def test_run_records_memory_before_launch(kv, tiny_models):
     """`kvreport run` records free memory per device before launching the engine (here: the host)."""
-    cmd = kv.server_cmd(tiny_models["tiny-gqa8"], "-c", "65536", "-lv", "4")
-    res = kv.run(["bash", "-c", f"ulimit -v 600000; exec {shlex.join(cmd)}"], name="mem-before")
+    cmd = kv.server_cmd(tiny_models["tiny-gqa8"], "-c", "524288", "-t", "2", "--threads-http", "4", "-lv", "4")
+    res = kv.run(["bash", "-c", f"ulimit -v 2000000; exec {shlex.join(cmd)}"], name="mem-before")
     assert res.run.returncode == 1, res.run.tail()
     assert res.bundle is not None, res.run.tail()
     mem = res.bundle.get("memory_before_launch") or []

@@ -176,35 +176,49 @@ def test_kv_parallel_inflates_context(kv, tiny_models, via):
     assert "reduce-parallel" in ids or any("--kv-unified" in (s.get("command") or "") for s in d["suggestions"]), ids
 
 
+# Under ``ulimit -v`` what fails first depends on the address space the process already holds
+# (thread stacks, malloc arenas: both grow with the core count), so the thread counts are pinned and
+# the caps sit far from both edges: 2 GB against a 4 GiB KV buffer, or against a 4.4 GiB compute buffer
+# after a 64 MiB KV. The small models map in ~20 MB, so they always load.
+CAP_KIB = 2_000_000
+PIN = ("-t", "2", "-tb", "2", "--threads-http", "4")
+
+
 @VIA
 def test_kv_memory_cap_model_loads(kv, tiny_models, via):
-    """ulimit -v 600000 KiB: the 16 MiB model maps, the 512 MiB KV buffer does not. The log does not show
-    the cap; 512 MiB is far below the host's free memory, so the verdict must not be exceeds_free."""
-    cmd = _capped(kv.server_cmd(tiny_models["tiny-gqa8"], "-c", "65536", "-lv", "4"), 600000)
+    """ulimit -v 2000000 KiB: the model maps, the 4 GiB KV buffer does not. The log does not show the cap;
+    4 GiB is far below the host's free memory, so the verdict must not be exceeds_free."""
+    req = 524288 * 8 * 1024  # tiny-gqa8: 8 KiB of f16 KV per token
+    cmd = _capped(kv.server_cmd(tiny_models["tiny-gqa8"], "-c", "524288", *PIN, "-lv", "4"), CAP_KIB)
+    total_kib, _ = harness.host_memory_kib()
+    verdicts = ("fits_but_failed", "exceeds_alloc_limit") if total_kib * 1024 > 2 * req else (
+        "fits_but_failed", "exceeds_alloc_limit", "exceeds_free")
 
     def printed_ok(p, run):
-        assert p.kv_failed and p.failed_bytes[-1] == 512 * MIB, run.tail()
+        assert p.kv_failed and p.failed_bytes[-1] == req, run.tail()
         assert "load_tensors:   CPU_Mapped model buffer size" in run.output, "the model did not load"
         assert p.fit_ran and p.fit_ok, "the fit (which sees total memory, not the cap) approved"
 
-    d = _scenario(kv, via, "kv-ulimit-600000", cmd, Expect("kv_cache", ("fits_but_failed", "exceeds_alloc_limit")),
-                  kv_mib=512.0, check_printed=printed_ok)
+    d = _scenario(kv, via, f"kv-ulimit-{CAP_KIB}", cmd, Expect("kv_cache", verdicts), kv_mib=req / MIB,
+                  check_printed=printed_ok)
     fit = d["memory"].get("fit")
     assert fit and fit["ran"] is True and fit["status"] in ("no_change", "fitted"), fit
 
 
 @VIA
 def test_compute_buffer_after_kv_under_cap(kv, tiny_models, via):
-    """ulimit -v 800000: the 512 MiB KV is allocated (its size lines printed), the compute buffer fails:
-    the phase is compute_buffer, not kv_cache, and the KV kvreport computes equals the printed one."""
-    cmd = _capped(kv.server_cmd(tiny_models["tiny-gqa8"], "-c", "65536", "-lv", "4"), 800000)
+    """ulimit -v 2000000 with -b/-ub 8192 and -fa off: the 64 MiB KV is allocated (its size lines printed),
+    the ~4.4 GiB compute buffer fails: the phase is compute_buffer, not kv_cache, and the KV kvreport
+    computes equals the printed one."""
+    cmd = _capped(kv.server_cmd(tiny_models["tiny-gqa8"], "-c", "8192", "-b", "8192", "-ub", "8192", "-fa", "off",
+                                *PIN, "-lv", "4"), CAP_KIB)
 
     def printed_ok(p, run):
         assert p.compute_failed and not p.kv_failed, run.tail()
-        assert p.kv_total_mib == 512.0, p.kv_sizes
+        assert p.kv_total_mib == 64.0, p.kv_sizes
 
-    _scenario(kv, via, "compute-ulimit-800000", cmd, Expect("compute_buffer", ("fits_but_failed", "exceeds_alloc_limit")),
-          kv_mib=512.0, check_printed=printed_ok)
+    _scenario(kv, via, f"compute-ulimit-{CAP_KIB}", cmd, Expect("compute_buffer", ("fits_but_failed", "exceeds_alloc_limit")),
+              kv_mib=64.0, check_printed=printed_ok)
 
 
 def _not_kv(d: dict) -> None:
