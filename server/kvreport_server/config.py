@@ -51,9 +51,11 @@ def load_config(environ: dict | None = None) -> dict:
     cfg = dict(DEFAULTS)
     for key in DEFAULTS:
         raw = env.get(f"KVREPORT_{key}")
-        if raw is None or raw == "":
+        if raw is None or (raw == "" and (key in _INT_KEYS or key in _BOOL_KEYS)):
             continue
-        if key in _INT_KEYS:
+        if raw == "":
+            cfg[key] = None  # an empty text setting means "unset" (e.g. a rate limit turned off)
+        elif key in _INT_KEYS:
             try:
                 cfg[key] = int(raw)
             except ValueError:

@@ -55,3 +55,17 @@ def test_gunicorn_can_import_the_factory(tmp_path, monkeypatch):
     monkeypatch.setenv("KVREPORT_LOG_REQUESTS", "0")
     app = import_app("kvreport_server:create_app()")
     assert app.test_client().get("/healthz").status_code == 200
+
+
+def test_config_from_environment():
+    import pytest
+
+    from kvreport_server.config import load_config
+
+    cfg = load_config({"KVREPORT_PRIVATE": "1", "KVREPORT_MAX_BODY_BYTES": "1000", "KVREPORT_RATE_LIMIT_LOGIN": "",
+                       "KVREPORT_ISSUE_REPO": "ggml-org/llama.cpp", "KVREPORT_PAGE_SIZE": ""})
+    assert cfg["PRIVATE"] is True and cfg["MAX_BODY_BYTES"] == 1000 and cfg["RATE_LIMIT_LOGIN"] is None
+    assert cfg["ISSUE_REPO"] == "ggml-org/llama.cpp" and cfg["PAGE_SIZE"] == 50
+    assert load_config({})["RATE_LIMIT_LOGIN"] == "20/minute"
+    with pytest.raises(ValueError, match="KVREPORT_MAX_JSON_DEPTH"):
+        load_config({"KVREPORT_MAX_JSON_DEPTH": "deep"})
