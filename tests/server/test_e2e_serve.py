@@ -133,3 +133,25 @@ def test_chunked_upload_and_busy_port(server, tmp_path):
     busy = run(["serve", "--port", str(port), "--database-url", env["KVREPORT_DATABASE_URL"]], env)
     assert busy.returncode == 2
     assert busy.stderr.strip().splitlines()[-1].startswith("kvreport: error: cannot listen")
+
+
+def test_known_fix_reaches_the_cli(server, tmp_path):
+    """A write token from the CLI sets a known fix; the next `kvreport upload` of that signature prints it."""
+    base, env = server
+    db = env["KVREPORT_DATABASE_URL"]
+    upload_token = run(["admin", "create-token", "up", "--database-url", db], env).stdout.strip()
+    write_token = run(["admin", "create-token", "maint", "--scope", "write", "--database-url", db], env).stdout.strip()
+    first = make_bundle_file("loc-17-fail-huge-ctx-verbose", tmp_path, env)
+    answer = json.loads(run(["upload", str(first), "--server", base, "--token", upload_token, "--json"], env).stdout)
+    cid = answer["cluster"]["id"]
+    fix = "Lower -c to 48128 or quantize the KV cache (-ctk q8_0 -ctv q8_0 -fa on)."
+    r = requests.patch(f"{base}/api/v1/clusters/{cid}", timeout=10,
+                       json={"known_fix": fix, "issue_url": "https://github.com/ggml-org/llama.cpp/issues/1"},
+                       headers={"Authorization": f"Bearer {write_token}"})
+    assert r.status_code == 200, r.text
+    second = tmp_path / "second"
+    second.mkdir()
+    path = make_bundle_file("loc-17-fail-huge-ctx-verbose", second, env)
+    up = run(["upload", str(path), "--server", base, "--token", upload_token], env)
+    assert up.returncode == 0, up.stderr
+    assert fix in up.stdout and "issues/1" in up.stdout
