@@ -133,7 +133,10 @@ def test_other_backends_and_engines_are_placed():
         'time=2025-09-01T10:00:00Z level=ERROR source=server.go:1 msg="memory layout cannot be allocated"\n')
     assert (ollama["engine"], ollama["failure"]["phase"], ollama["failure"]["backend"]) == ("ollama", "context", "cuda")
     assert ollama["memory"]["kv_required_mib"] == 12288.0
-    assert ollama["suggestions"][0]["change"] == {"OLLAMA_CONTEXT_LENGTH": 8192}
+    # no context size and no model parameters in the log: no invented number (design.md, "the number that justifies it")
+    top = ollama["suggestions"][0]
+    assert top["id"] == "reduce-ctx" and top["change"] == {} and top["command"] is None
+    assert "no value can be computed" in top["expected"] and "OLLAMA_CONTEXT_LENGTH" in top["expected"]
     torch = analyze_text(
         "INFO 05-01 [gpu_model_runner.py:1] Model loading took 14.99 GiB and 5.1 seconds\n"
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
@@ -149,3 +152,47 @@ def test_fit_dry_run_that_never_finished_is_the_failure():
                      "0.00.006.500 E ggml_aligned_malloc: insufficient memory (attempted to allocate  19.73 MB)\n")
     assert d["failure"]["phase"] == "unknown" and d["failure"]["backend"] == "cpu"
     assert d["failure"]["requested_mib"] == 19.73
+
+
+def test_reduce_ctx_from_the_failed_kv_buffer_fits_the_free_memory():
+    """No model parameters, but the failed KV buffer (131072 MiB) and n_ctx (1048576) give 128 KiB per token; with
+    100000 MiB free the largest multiple of 256 that fits is 800000 (pub-001's log)."""
+    from kvreport.analyze import analyze
+    from tests.paths import SHARED_CASES
+
+    text = next(SHARED_CASES.glob("pub-001-*")).joinpath("log.txt").read_text()
+    bundle = {"log": {"lines": text.splitlines()}, "memory_before_launch": [{"device": "CPU", "free_mib": 100000}]}
+    d = analyze(bundle)
+    assert d["memory"]["kv_mib_per_1k_tokens"] == 128.0
+    assert d["memory"]["max_ctx_fit"]["f16"] == 800000
+    top = d["suggestions"][0]
+    assert top["id"] == "reduce-ctx" and top["change"] == {"--ctx-size": 800000}
+    assert "derived from the failed KV buffer" in top["expected"] and "100,000 MiB free" in top["expected"]
+    # without the free memory: half the context, said to be a starting point, with the KV it would need
+    d = analyze({"log": {"lines": text.splitlines()}})
+    top = d["suggestions"][0]
+    assert top["change"] == {"--ctx-size": 524288} and top["expected"].startswith("KV 65,536 MiB")
+    assert "starting point" in top["why"]
+
+
+def test_bare_flags_render_as_flags():
+    from kvreport.render import format_change, render_text
+
+    assert format_change({"--no-kv-offload": True}) == "--no-kv-offload"
+    assert format_change({"--swa-full": None}) == "--swa-full (remove)"
+    assert format_change({"OLLAMA_KV_CACHE_TYPE": "q8_0", "num_gpu": 20}) == "OLLAMA_KV_CACHE_TYPE=q8_0 num_gpu 20"
+    d = {"failure": {"phase": "kv_cache"}, "memory": {}, "signature": {"title": "t"},
+         "suggestions": [{"id": "kv-cache-on-host", "title": "x", "change": {"--no-kv-offload": True}, "command": None,
+                          "expected": "", "why": ""}]}
+    out = render_text(d)
+    assert "change: --no-kv-offload\n" in out and "True" not in out
+
+
+def test_every_suggestion_id_is_in_the_vocabulary():
+    import re
+
+    from kvreport import fixes
+
+    src = open(fixes.__file__).read()
+    used = set(re.findall(r'"([a-z]+(?:-[a-z0-9]+)+)"', src)) & set(re.findall(r'add\(\s*[\w.]+,\s*"([a-z0-9-]+)"', src))
+    assert used and used <= set(fixes.SUGGESTION_IDS), used - set(fixes.SUGGESTION_IDS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvreport.analyze import analyze_text
 from kvreport.logs import clean_pasted, is_key_line, parse_log
 from kvreport.logs.common import clean_line
 
@@ -283,3 +284,86 @@ def test_parse_file_grep_and_python_paths_agree_with_parse_log():
             assert got.events == whole.events, (case.name, use_grep)
             assert got.hparams == whole.hparams and got.kv_caches == whole.kv_caches
             assert got.line_count == whole.line_count
+
+
+# ---- lines of public reports added with tests/data/cases/pub-1xx (sources in each case.json)
+
+def test_old_sycl_message_glued_to_the_next_line_is_split():
+    """llama.cpp#10421: the old SYCL allocator message has no newline; the gallocr line follows on the same line."""
+    f = parse_log([
+        "ggml_backend_sycl_buffer_type_alloc_buffer: can't malloc 3278637056 Bytes memory on device"
+        "ggml_gallocr_reserve_n: failed to allocate SYCL0 buffer of size 7573604352",
+        "llama_new_context_with_model: failed to allocate compute buffers"])
+    kinds = [(e["kind"], e.get("backend"), e.get("device")) for e in f.events]
+    assert ("backend", "sycl", None) in kinds and ("ggml", None, "SYCL0") in kinds
+    d = analyze_text("\n".join(["ggml_backend_sycl_buffer_type_alloc_buffer: can't malloc 3278637056 Bytes memory on "
+                                "deviceggml_gallocr_reserve_n: failed to allocate SYCL0 buffer of size 7573604352",
+                                "llama_new_context_with_model: failed to allocate compute buffers"]))
+    assert d["failure"]["allocator_error"].startswith("ggml_backend_sycl_buffer_type_alloc_buffer: can't malloc")
+
+
+def test_openvino_max_alloc_exception_after_context_failure():
+    """llama.cpp#29087: the OpenVINO exception text follows 'failed to initialize the context: Exception from'."""
+    d = analyze_text(
+        "0.05.416.282 E llama_init_from_model: failed to initialize the context: Exception from src/inference/src/cpp/"
+        "remote_context.cpp:73:\n"
+        "Check '!exceed_allocatable_mem_size' failed at src/plugins/intel_gpu/src/runtime/engine.cpp:324:\n"
+        "[GPU] Exceeded max size of memory object allocation: requested 7516192768 bytes, but max alloc size supported "
+        "by device is 4294959104 bytes. Please try to reduce batch size, use lower precision, or set "
+        "ov::intel_gpu::hint::enable_large_allocations config property to true.\n")
+    f = d["failure"]
+    assert (f["phase"], f["backend"], f["requested_mib"], f["verdict"]) == \
+        ("context", "openvino", 7168.0, "exceeds_alloc_limit")
+    assert f["allocator_error"].startswith("[GPU] Exceeded max size")
+
+
+def test_metal_message_as_ollama_forwards_it():
+    """ollama#11733: Ollama strips the function name: 'error:failed to allocate buffer, size = N MiB'."""
+    d = analyze_text("Error: 500 Internal Server Error: llama runner process has terminated: error:failed to allocate "
+                     "buffer, size = 33074.89 MiB\n"
+                     "ggml_gallocr_reserve_n: failed to allocate Metal buffer of size 34681522080\n")
+    f = d["failure"]
+    assert (d["engine"], f["phase"], f["backend"], f["failing_device"]) == ("ollama", "compute_buffer", "metal", "Metal")
+    assert "failed to allocate buffer, size = 33074.89 MiB" in f["allocator_error"]
+
+
+def test_vllm_gate_names_the_torch_device():
+    d = analyze_text("(EngineCore pid=79) ValueError: Free memory on device cuda:0 (22.76/24.0 GiB) on startup is less "
+                     "than desired GPU memory utilization (0.97, 23.28 GiB). Decrease GPU memory utilization\n")
+    f = d["failure"]
+    assert (f["phase"], f["backend"], f["failing_device"], f["verdict"]) == \
+        ("memory_budget", "cuda", "CUDA0", "exceeds_free")
+    assert f["free_mib"] == pytest.approx(22.76 * 1024)
+
+
+def test_vllm_raise_source_line_is_not_the_error_and_empty_pool_raises_utilization():
+    f = parse_log(['vllm-1  | ERROR 11-18 18:07:28 engine.py:366]     raise ValueError("No available memory for the '
+                   'cache blocks. "'])
+    assert not f.events
+    d = analyze_text("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+                     "when initializing the engine.\n")
+    assert d["failure"]["phase"] == "kv_capacity"
+    assert d["suggestions"][0]["id"] == "raise-gpu-memory-utilization"
+
+
+def test_tgi_prefill_failure_names_no_backend_and_halves_the_printed_tokens():
+    d = analyze_text("RuntimeError: Not enough memory to handle 4096 prefill tokens. You need to decrease "
+                     "`--max-batch-prefill-tokens`\n"
+                     "2023-09-26T21:48:00.969072Z ERROR text_generation_launcher: Method Warmup encountered an error.\n")
+    assert (d["engine"], d["failure"]["phase"], d["failure"]["backend"]) == ("tgi", "compute_buffer", "unknown")
+    assert d["suggestions"][0]["change"] == {"--max-batch-prefill-tokens": 2048}
+
+
+def test_ollama_layout_line_alone_is_ollama_and_names_the_layer_count():
+    d = analyze_text("memory layout cannot be allocated with num_gpu = 26\n")
+    assert (d["engine"], d["failure"]["phase"]) == ("ollama", "context")
+    assert d["suggestions"][0]["id"] == "reduce-gpu-layers" and d["suggestions"][0]["change"] == {"num_gpu": 19}
+
+
+def test_ollama_runner_error_with_escaped_newline_keeps_the_allocator_chain():
+    d = analyze_text('time=2025-04-29T12:31:28.521+02:00 level=ERROR source=sched.go:457 msg="error loading llama '
+                     'server" error="llama runner process has terminated: cudaMalloc failed: out of memory\\n'
+                     'ggml_gallocr_reserve_n: failed to allocate CUDA0 buffer of size 838447104"\n')
+    f = d["failure"]
+    assert (d["engine"], f["phase"], f["failing_device"], f["requested_mib"]) == \
+        ("ollama", "compute_buffer", "CUDA0", 799.61)

@@ -47,7 +47,7 @@ from kvreport.logs import LogFacts, parse_log
 from kvreport.logs.common import MIB, to_float, to_int
 from kvreport.signature import signature
 
-ANALYZER_VERSION = "1.0.0"
+ANALYZER_VERSION = "1.1.0"
 """Version of the analysis rules; the server stores it and re-analyzes when it changes."""
 
 _BACKEND_PREFIX = (("CUDA", "cuda"), ("ROCm", "rocm"), ("MUSA", "unknown"), ("Vulkan", "vulkan"), ("MTL", "metal"),
@@ -56,6 +56,9 @@ _BACKEND_PREFIX = (("CUDA", "cuda"), ("ROCm", "rocm"), ("MUSA", "unknown"), ("Vu
 _DEVICE_PREFIX = {"cuda": "CUDA", "rocm": "ROCm", "vulkan": "Vulkan", "metal": "MTL", "sycl": "SYCL",
                   "openvino": "OPENVINO", "cann": "CANN"}
 _ENGINES = ("llama.cpp", "ollama", "vllm", "sglang", "tgi")
+_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
+                    "q4_1": 20 / 32, "q4_0": 18 / 32, "iq4_nl": 18 / 32}
+"""Bytes per cached value of each llama.cpp cache type (ggml block sizes: q8_0 = 34 bytes per 32 values)."""
 
 
 def backend_of_device(name: str | None) -> str | None:
@@ -203,7 +206,8 @@ def _groups(events: list[dict], keep_dry: bool = False) -> list[_Group]:
                 cur = _Group()
                 groups.append(cur)
             cur.reasons.append(ev)
-            cur.closed = True
+            # an "open" reason (an exception text follows) keeps the group open for the allocator lines after it
+            cur.closed = not ev.get("open")
         elif kind == "retry":
             if cur is not None:
                 cur.retried = True
@@ -643,9 +647,32 @@ class _Diagnosis:
                 c = cfg.with_(cache_type_k=t, cache_type_v=t, flash_attn=True if t != "f16" else cfg.flash_attn)
                 fits[t] = int(kvcache.max_ctx_fit(shape, budget_mib * MIB / share, c))
             mem["max_ctx_fit"] = fits
+        self.derived_bpt = None
+        if shape is None and failure["phase"] == "kv_cache" and kv is not None and cfg_d["n_ctx"] \
+                and not printed and self._single_kv_device(failure.get("failing_device")):
+            # no model parameters, but the failed KV buffer holds the whole KV of n_ctx cells: its cost per token
+            self.derived_bpt = kv * MIB / float(cfg_d["n_ctx"])
+            mem["kv_mib_per_1k_tokens"] = _r2(self.derived_bpt * 1024 / MIB)
+            self.finding("kv_per_token_from_buffer",
+                         f"{_fmt(mem['kv_mib_per_1k_tokens'])} MiB of KV per 1k tokens, derived from the failed KV "
+                         f"buffer ({_fmt(kv)} MiB) for n_ctx {cfg_d['n_ctx']}")
+            if budget_mib is not None and budget_mib > 0:
+                cur = _BYTES_PER_VALUE.get(str(cfg_d["cache_type_k"]), 2.0)
+                mem["max_ctx_fit"] = {t: int(budget_mib * MIB / (self.derived_bpt * _BYTES_PER_VALUE[t] / cur)) // 256 * 256
+                                      for t in ("f16", "q8_0", "q4_0")}
         self.size, self.cfg, self.shape_obj, self.kvcache = size, cfg, shape, kvcache
         self.budget_mib = budget_mib
         return mem, cfg_d
+
+    def _single_kv_device(self, device: str | None) -> bool:
+        """True when the log shows the KV on one device only (the failed buffer is then the whole KV)."""
+        f = self.f
+        devs = {b["device"] for b in f.kv_buffers} | {b["device"] for b in f.buffers if b.get("kind") == "model"}
+        devs |= {n for n in f.devices if backend_of_device(n) not in (None, "cpu")}
+        devs = {d for d in devs if d and not str(d).endswith(("_Host", "_Mapped"))}
+        if device:
+            devs.add(device)
+        return len(devs) <= 1
 
     def _kv_share(self, device: str | None) -> float:
         """Fraction of the KV that lives on ``device`` (from the per-device KV buffer lines)."""
@@ -710,9 +737,17 @@ class _Diagnosis:
         f = self.f
         size, cfg, shape, kvcache = self.size, self.cfg, self.shape_obj, self.kvcache
 
+        bpt = getattr(self, "derived_bpt", None)
+        cur_bpv = _BYTES_PER_VALUE.get(str(cfg_d["cache_type_k"]), 2.0)
+
         def kv_at(n_ctx=None, n_seq=None, cache_type=None, kv_unified=None, swa_full=None):
             if size is None:
-                return None
+                if bpt is None or n_seq is not None or kv_unified is not None or swa_full is not None:
+                    return None
+                # linear in the context, scaled by the bytes per value of the cache type
+                n = int(n_ctx) if n_ctx is not None else int(cfg_d["n_ctx"])
+                ratio = _BYTES_PER_VALUE.get(cache_type, cur_bpv) / cur_bpv if cache_type else 1.0
+                return round(bpt * n * ratio / MIB, 2)
             c = cfg
             if n_ctx is not None:
                 c = c.with_(n_ctx=int(n_ctx))
@@ -742,8 +777,10 @@ class _Diagnosis:
             n_batch=cfg_d["n_batch"], swa_full=cfg_d["swa_full"], n_layer=mem["inputs"].get("n_layer"),
             kv_mib=mem["kv_required_mib"], max_ctx_fit=mem["max_ctx_fit"], kv_at=kv_at, n_devices=len(names),
             kv_update=self.kv_update, alloc_limit=self.limit,
-            offloaded_layers=to_int(str(off).split("/")[0]) if off else None, vllm=f.vllm, sglang=f.sglang,
-            weak=self.weak, has_memory_event=self.has_memory_event)
+            offloaded_layers=to_int(str(off).split("/")[0]) if off else None, vllm=f.vllm, sglang=f.sglang, tgi=f.tgi,
+            weak=self.weak, has_memory_event=self.has_memory_event,
+            kv_basis="failed_buffer" if bpt is not None and size is None else ("model" if size is not None else None),
+            n_gpu_layers_log=f.ollama.get("num_gpu"))
 
 
 def _r2(x) -> float | None:

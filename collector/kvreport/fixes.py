@@ -20,6 +20,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+SUGGESTION_IDS = (
+    # design.md's vocabulary
+    "reduce-ctx", "reduce-parallel", "quantize-kv-cache", "enable-flash-attn", "reduce-gpu-layers",
+    "rebalance-devices", "free-device-memory", "kv-cache-on-host", "disable-swa-full", "work-around-alloc-limit",
+    "bisect-regression", "raise-gpu-memory-utilization", "reduce-max-model-len", "reduce-max-num-seqs",
+    "reduce-batch", "smaller-model-or-quant", "more-devices",
+    # added here (design.md: "New ids may be added; none renamed"):
+    "lower-gpu-memory-utilization",  # vLLM's start-up gate (memory_budget): utilization x total > free memory,
+                                     # so the fraction must go DOWN to start next to other processes
+)
+"""Every suggestion id :func:`suggest` may return; tests check the rules use no other."""
+
 MEMORY_PHASES = ("kv_cache", "compute_buffer", "model_weights", "context", "kv_capacity", "memory_budget")
 
 
@@ -28,7 +40,9 @@ class Situation:
     """What the rules look at. Sizes in MiB (2**20 bytes), contexts in tokens.
 
     ``kv_at(n_ctx=None, n_seq=None, cache_type=None, kv_unified=None, swa_full=None) -> float | None``
-    gives the attention-KV MiB of a changed configuration (kvreport.kvcache arithmetic).
+    gives the attention-KV MiB of a changed configuration (kvreport.kvcache arithmetic, or linear in the context
+    when ``kv_basis`` is ``"failed_buffer"``: the per-token cost derived from the failed KV buffer and n_ctx).
+    ``n_gpu_layers_log``: a GPU layer count the log itself states (Ollama's ``num_gpu = N``).
     """
 
     engine: str = "unknown"
@@ -62,8 +76,11 @@ class Situation:
     offloaded_layers: int | None = None
     vllm: dict = field(default_factory=dict)
     sglang: dict = field(default_factory=dict)
+    tgi: dict = field(default_factory=dict)
     weak: bool = False
     has_memory_event: bool = False
+    kv_basis: str | None = None
+    n_gpu_layers_log: int | None = None
 
 
 def _mib(x: float | None) -> str:
@@ -135,27 +152,37 @@ def _ctx_change(s: Situation, n: int) -> dict:
 # ------------------------------------------------------------------ llama.cpp family rules
 
 def _reduce_ctx(b: _Builder, rank: float) -> None:
+    """reduce-ctx with the number that justifies it: the largest n_ctx whose KV fits the memory left on the failing
+    device (a multiple of 256), else the model's training context, else half the current context with the KV it
+    would need. Without any basis for a number (no context size in the log or the command) the change carries no
+    value and the text says so (design.md: no invented numbers)."""
     s = b.s
     cur = s.n_ctx or s.n_ctx_requested
     if not cur:
         if s.phase in ("kv_cache", "context") or s.kv_update:
-            b.add(rank, "reduce-ctx", "Ask for a smaller context", _ctx_change(s, 8192),
-                  "KV shrinks in proportion to the context (the log does not show the current context)",
-                  "The KV cache is n_ctx tokens x bytes per token; a smaller -c is the first lever (playbook step 1).")
+            flag = "OLLAMA_CONTEXT_LENGTH" if _is_ollama(s) else "--ctx-size / -c"
+            b.add(rank, "reduce-ctx", "Ask for a smaller context", {},
+                  f"the log shows neither the context size nor the KV cost per token, so no value can be computed: "
+                  f"lower {flag} step by step (the KV shrinks in proportion)",
+                  "The KV cache is n_ctx tokens x bytes per token; a smaller context is the first lever (playbook "
+                  "step 1). Run kvreport with the command line (or the model file) to get the exact number.")
         return
+    basis = " (per-token cost derived from the failed KV buffer)" if s.kv_basis == "failed_buffer" else ""
     fit = (s.max_ctx_fit or {}).get(_type_key(s.cache_type_k))
     target = None
     why_num = ""
     if fit:
         target = fit
-        why_num = f"the largest -c whose KV fits the {_mib(s.free_at_failure_mib)} MiB left on {s.failing_device}"
+        why_num = (f"the largest -c (a multiple of 256) whose KV fits the {_mib(s.free_at_failure_mib)} MiB left on "
+                   f"{s.failing_device}{basis}")
     if target is None or target <= 0:
         if s.n_ctx_train and cur > s.n_ctx_train:
             target = s.n_ctx_train
             why_num = f"the model's training context ({s.n_ctx_train})"
         else:
             target = _pow2_below(cur // 2) if cur > 512 else None
-            why_num = "half the current context, rounded to a power of two"
+            why_num = ("half the current context, rounded to a power of two: a starting point, since the log does "
+                       "not show the free memory of the failing device")
     if s.n_ctx_train and target and target > s.n_ctx_train and cur > s.n_ctx_train:
         target = s.n_ctx_train
     if not target or target >= cur:
@@ -164,7 +191,7 @@ def _reduce_ctx(b: _Builder, rank: float) -> None:
     if kv_new is not None and s.kv_mib and kv_new >= s.kv_mib * 0.99:
         return  # the context is not what sizes this cache (e.g. 256 cells per slot already)
     budget = f" of {_mib(s.free_at_failure_mib)} MiB free" if s.free_at_failure_mib is not None else ""
-    expected = (f"KV {_mib(kv_new)} MiB{budget} (now {_mib(s.kv_mib)} MiB at n_ctx {cur})" if kv_new is not None
+    expected = (f"KV {_mib(kv_new)} MiB{budget} (now {_mib(s.kv_mib)} MiB at n_ctx {cur}){basis}" if kv_new is not None
                 else f"context {target} instead of {cur}")
     b.add(rank, "reduce-ctx", f"Lower the context to {target} tokens", _ctx_change(s, target), expected,
           f"The KV cache grows linearly with the context; {target} is {why_num}. The number after -c is tokens, "
@@ -225,6 +252,8 @@ def _headroom(b: _Builder, rank: float) -> None:
 def _reduce_layers(b: _Builder, rank: float, requested: float | None = None) -> None:
     s = b.s
     cur = s.flags.get("n_gpu_layers")
+    if not isinstance(cur, int) and s.n_gpu_layers_log:
+        cur = s.n_gpu_layers_log
     n = None
     if isinstance(cur, int) and 0 < cur < 900:
         n = max(0, int(cur * 0.75))
@@ -235,10 +264,16 @@ def _reduce_layers(b: _Builder, rank: float, requested: float | None = None) -> 
             n = max(0, min(s.n_layer, int(s.n_layer * s.free_at_failure_mib / requested * 0.9)))
         else:
             n = s.n_layer // 2
-    if n is None:
-        n = 0 if s.backend == "cpu" else 20
-    change = {"num_gpu": n} if _is_ollama(s) else {"--n-gpu-layers": n}
     where = "PARAMETER num_gpu in the Modelfile or the num_gpu request option" if _is_ollama(s) else "-ngl"
+    if n is None:
+        # no layer count in the log or the command: no number to justify, so the change carries none
+        b.add(rank, "reduce-gpu-layers", "Offload fewer layers to the GPU", {},
+              f"each layer kept on the host frees its weights and its KV from {s.failing_device or 'the GPU'}; the "
+              f"log shows no layer count, so lower {where} step by step",
+              f"Fewer GPU layers ({where}) leave device memory for the KV cache and compute buffers; the KV of host "
+              "layers lives in host memory (playbook step 4).")
+        return
+    change = {"num_gpu": n} if _is_ollama(s) else {"--n-gpu-layers": n}
     b.add(rank, "reduce-gpu-layers", f"Offload fewer layers to the GPU ({n})", change,
           f"each layer kept on the host frees its weights and its KV from {s.failing_device or 'the GPU'}",
           f"Fewer GPU layers ({where}) leave device memory for the KV cache and compute buffers; the KV of host "
@@ -328,6 +363,9 @@ def _llama_rules(b: _Builder) -> None:
                   "--swa-full gives sliding-window layers a full-length cache; without it they keep n_swa + n_ubatch cells.")
         if inflated:
             _reduce_parallel(b, 0.5)
+        if _is_ollama(s) and s.n_gpu_layers_log and s.phase == "context":
+            # Ollama's layout step names the layer count it could not place ("with num_gpu = N")
+            _reduce_layers(b, 0.7)
         _reduce_ctx(b, 1)
         if not inflated and s.kv_unified is False and (s.n_seq or 1) > 1:
             _reduce_parallel(b, 2)
@@ -446,6 +484,8 @@ def _py_engine_rules(b: _Builder) -> None:
     if s.phase == "compute_buffer" or (s.engine == "tgi" and s.phase == "unknown"):
         if s.engine == "tgi":
             cur = s.flags.get("max_batch_prefill_tokens")
+            if not isinstance(cur, int):
+                cur = (s.tgi or {}).get("prefill_tokens")  # "Not enough memory to handle N prefill tokens"
             new = int(cur) // 2 if isinstance(cur, int) and cur > 1 else 4096
             b.add(0, "reduce-batch", f"Lower --max-batch-prefill-tokens to {new}", {"--max-batch-prefill-tokens": new},
                   "a smaller warm-up prefill batch", "TGI warms up with a full prefill batch; it must fit next to the weights.")

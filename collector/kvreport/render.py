@@ -21,6 +21,24 @@ def _mib(x) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:,.2f}"
 
 
+def format_change(change: dict) -> str:
+    """A suggestion's ``change`` as the user would type it: a bare flag for ``True`` (``--no-kv-offload``),
+    ``--swa-full (remove)`` for ``None``, ``NAME=value`` for environment variables (upper case), else
+    ``--flag value`` / ``parameter value``."""
+    parts = []
+    for k, v in (change or {}).items():
+        k = str(k)
+        if v is True:
+            parts.append(k)
+        elif v is None or v is False:
+            parts.append(f"{k} (remove)")
+        elif k.isupper():
+            parts.append(f"{k}={v}")
+        else:
+            parts.append(f"{k} {v}")
+    return " ".join(parts)
+
+
 def render_text(diagnosis: dict, bundle: dict | None = None) -> str:
     """A few lines for a terminal: what failed (device, MiB requested vs free), the KV numbers,
     the largest contexts that fit, findings, then the ranked fixes with their command lines."""
@@ -76,7 +94,7 @@ def render_text(diagnosis: dict, bundle: dict | None = None) -> str:
             if s.get("command"):
                 out.append(f"     $ {s['command']}")
             elif s.get("change"):
-                out.append("     change: " + " ".join(f"{k} {v}" for k, v in s["change"].items()))
+                out.append("     change: " + format_change(s["change"]))
             if s.get("expected"):
                 out.append(f"     expected: {s['expected']}")
     elif phase not in ("none",):

@@ -46,6 +46,9 @@ def is_key_line(line: str) -> bool:
 
 # two log lines pasted onto one (a lost newline): "... size 337  E llama_model_load: ..."
 _JOINED = re.compile(r"\s{2,}(?=[EWID] \w+: )")
+# ... or glued with no space at all (old SYCL: "can't malloc N Bytes memory on deviceggml_gallocr_reserve_n: ...")
+_GLUED = re.compile(r"(?<=[a-z0-9)])(?=(?:ggml_gallocr_reserve_n\w*|alloc_tensor_range|ggml_backend_\w+_alloc_buffer|"
+                    r"llama_new_context_with_model|llama_init_from_model|llama_kv_cache_init|graph_reserve): )")
 
 
 def _feed_one(f: LogFacts, raw, lineno: int) -> None:
@@ -53,7 +56,9 @@ def _feed_one(f: LogFacts, raw, lineno: int) -> None:
     if not line or _KEY.search(line) is None:
         return
     f.key_line_count += 1
-    parts = _JOINED.split(line) if "  " in line and len(line) > 40 else (line,)
+    parts = _JOINED.split(line) if "  " in line and len(line) > 40 else [line]
+    if "alloc" in line:
+        parts = [q for part in parts for q in _GLUED.split(part)]
     for part in parts:
         for parser in _PARSERS:
             try:

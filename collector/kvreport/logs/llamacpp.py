@@ -74,8 +74,16 @@ _PINNED = re.compile(r"ggml_cuda_host_malloc: failed to allocate ([\d.]+) MiB of
 _VK_ALLOC = re.compile(r"Device memory allocation of size (\d+) failed")
 _VK_ERR = re.compile(r"ggml_vulkan:\s*(.*(?:Error\w+|exceeds|No suitable memory).*)")
 _VK_PINNED = re.compile(r"ggml_vulkan: Failed to allocate pinned memory")
-_METAL = re.compile(r"(?:metal)\w*: error: failed to allocate buffer, size =\s*([\d.]+) MiB", re.I)
-_SYCL = re.compile(r"can't allocate (\d+) Bytes of memory on (device|host)")
+# ggml-metal: "ggml_backend_metal_buffer_type_alloc_buffer: error: failed to allocate buffer, size = %8.2f MiB"
+# (old) and "ggml_metal_buffer_init: error: ..." (new); Ollama forwards it as "error:failed to allocate buffer, size = ..."
+# Only the Metal backend prints "failed to allocate buffer, size =".
+_METAL = re.compile(r"(?:metal\w*: )?error: ?failed to allocate buffer, size =\s*([\d.]+) MiB", re.I)
+# ggml-sycl: "can't allocate %lu Bytes of memory on device" (new) and "can't malloc %lu Bytes memory on device" (old);
+# the old message has no newline, so the next log line is glued to it.
+_SYCL = re.compile(r"can't (?:allocate|malloc) (\d+) Bytes (?:of )?memory on (device|host)")
+# OpenVINO intel_gpu plugin (an exception text llama.cpp prints after "failed to initialize the context: ")
+_OV_LIMIT = re.compile(r"\[GPU\] Exceeded max size of memory object allocation: requested (\d+) bytes, but max alloc size "
+                       r"supported by device is (\d+) bytes")
 _CPU_OOM = re.compile(r"ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size (\d+)")
 _ALIGNED = re.compile(r"ggml_aligned_malloc: insufficient memory \(attempted to allocate\s*([\d.]+) MB\)")
 _OPENVINO = re.compile(r"openvino\w*: failed to allocate (?:buffer of size |)(\d+)", re.I)
@@ -90,6 +98,7 @@ _REASONS = (
     (re.compile(r"memory layout cannot be allocated"), "context"),
 )
 _CTX_FAIL = re.compile(r"failed to initialize the context: (.*)")
+_CTX_EXC = re.compile(r"failed to initialize the context: Exception from")
 _CONFIG = re.compile(
     r"n_seq_max must be|requires flash_attn|requires Flash Attention|does not support different K|does not divide n_embd_head|"
     r"unknown model architecture|error loading model|GGML_ASSERT|invalid magic|not within the file bounds|"
@@ -445,6 +454,13 @@ def _feed_failure(f: LogFacts, line: str, lineno: int) -> bool:
         f.add_event("backend", lineno, line, backend="sycl", device=None, bytes=int(m.group(1)),
                     mib=int(m.group(1)) / MIB, error="", host=m.group(2) == "host")
         return True
+    if "Exceeded max size of memory object" in line:
+        m = _OV_LIMIT.search(line)
+        if m:
+            f.add_event("backend", lineno, line, backend="openvino", device=None, bytes=int(m.group(1)),
+                        mib=int(m.group(1)) / MIB, error=line.strip()[:300], limit=True, detail=True,
+                        limit_mib=int(m.group(2)) / MIB)
+            return True
     if "openvino" in line.lower():
         m = _OPENVINO.search(line)
         if m:
@@ -477,6 +493,12 @@ def _feed_failure(f: LogFacts, line: str, lineno: int) -> bool:
             f.add_error(line)
             f.final_error = line
             return True
+    if _CTX_EXC.search(line):
+        # an exception text follows on the next lines (OpenVINO): the allocator lines there belong to this failure
+        f.add_event("reason", lineno, line, phase="context", kv_update=False, open=True)
+        f.add_error(line)
+        f.final_error = line
+        return True
     m = _CTX_FAIL.search(line)
     if m:
         f.add_event("config", lineno, line, what=m.group(1).strip())

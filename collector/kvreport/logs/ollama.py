@@ -22,6 +22,7 @@ _LOAD_REQ = re.compile(r"KvSize:(\d+)")
 _PARALLEL = re.compile(r"Parallel:(\d+)")
 _KVTYPE = re.compile(r"KvCacheType:(\w*)")
 _FA = re.compile(r"FlashAttention:(\w+)")
+_NUM_GPU = re.compile(r"with num_gpu = (\d+)")
 _OOM_WORDS = ("out of memory", "out of device memory", "cudaMalloc failed", "hipMalloc failed", "failed to allocate",
               "allocation failed", "not enough memory", "insufficient memory", "vk_error_out_of_device_memory",
               "erroroutofmemory")
@@ -86,6 +87,11 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
             f.warnings.append(line[:500])
     low = line.lower()
     if "memory layout cannot be allocated" in line:
+        # Ollama's own layout step (ml backend, 0.12+): specific to Ollama even when the log is this one line
+        f.engine_hints["ollama"] += 3
+        m = _NUM_GPU.search(line)
+        if m:
+            o["num_gpu"] = int(m.group(1))
         f.add_event("engine", lineno, line, engine="ollama", phase="context", backend=None)
         f.final_error = line
         f.add_error(line)

@@ -26,7 +26,8 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
     m = _PREFILL.search(line)
     if m:
         t["prefill_tokens"] = int(m.group(1))
-        f.add_event("engine", lineno, line, engine="tgi", phase="compute_buffer", backend="cuda")
+        # the message names no backend or device (TGI runs on CUDA, ROCm, Gaudi, Inferentia...)
+        f.add_event("engine", lineno, line, engine="tgi", phase="compute_buffer", backend=None)
         f.final_error = line
         f.add_error(line)
         return

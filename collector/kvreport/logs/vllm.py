@@ -30,6 +30,17 @@ _CONFIG = re.compile(r"(max_seq_len|kv_cache_dtype|tensor_parallel_size|gpu_memo
 _PROFILE = re.compile(r"total_gpu_memory=([\d.]+)GiB")
 
 
+def torch_device(name: str | None) -> tuple[str | None, str | None]:
+    """A torch device name as vLLM prints it (``cuda:0``, ``cuda``, ``xpu:1``) -> (ggml-style device name, backend):
+    ``("CUDA0", "cuda")``; ``(None, None)`` when there is none. A ROCm build of torch also says ``cuda``."""
+    if not name:
+        return None, None
+    kind, _, idx = name.strip().rstrip(",").partition(":")
+    if kind == "cuda":
+        return (f"CUDA{idx}" if idx.isdigit() else None), "cuda"
+    return None, None
+
+
 def feed(f: LogFacts, line: str, lineno: int) -> None:
     """Read one cleaned vLLM line into ``f``. Never raises on text."""
     v = f.vllm
@@ -102,6 +113,11 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         f.add_error(line)
         return
     if _NO_MEM.search(line) or "Cannot auto-fit max_model_len" in line:
+        if '"No available memory' in line or "raise ValueError(" in line:
+            return  # the source line of the raise in a traceback, not the error itself
+        if _NO_MEM.search(line):
+            # vLLM raises this when the profiled budget leaves nothing (V0: "# GPU blocks: 0") for the KV cache
+            v.setdefault("available_kv_mib", 0.0)
         f.engine_hints["vllm"] += 3
         f.add_event("engine", lineno, line, engine="vllm", phase="kv_capacity", backend=None)
         f.final_error = line
@@ -113,7 +129,10 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         v["gate"] = {"free_mib": free * 1024.0, "total_mib": total * 1024.0, "utilization": util,
                      "requested_mib": want * 1024.0}
         f.engine_hints["vllm"] += 3
-        f.add_event("engine", lineno, line, engine="vllm", phase="memory_budget", backend=None,
+        dev, backend = torch_device(m.group(1))
+        if dev:
+            f.set_device(dev, "vllm_gate", total_mib=total * 1024.0, free_mib=free * 1024.0)
+        f.add_event("engine", lineno, line, engine="vllm", phase="memory_budget", backend=backend, device=dev,
                     requested_mib=want * 1024.0, free_mib=free * 1024.0)
         f.final_error = line
         f.add_error(line)
