@@ -96,6 +96,7 @@ class Bundle(Base):
     machine: Mapped[str | None] = mapped_column(String(32))
     size_bytes: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     suggestion_ids: Mapped[list | None] = mapped_column(JSONType)
+    flagged_secrets: Mapped[list | None] = mapped_column(JSONType)  # ["path (kind)"], values never stored here
     token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"))
 
 

@@ -150,7 +150,7 @@ def _count_out(session: Session, cluster_id: int, row: Bundle, bundle_facets: se
 
 
 def ingest(db: Database, bundle: dict, *, size_bytes: int = 0, token_id: int | None = None,
-           received_at: dt.datetime | None = None) -> IngestResult:
+           received_at: dt.datetime | None = None, flagged: list[str] | None = None) -> IngestResult:
     """Store a validated bundle; 201 when new, 200 when the same id holds the same content.
 
     Raises :class:`ApiError` 409 when the id is stored with different content. Safe under
@@ -189,7 +189,8 @@ def ingest(db: Database, bundle: dict, *, size_bytes: int = 0, token_id: int | N
                 id=bundle["id"], cluster_id=cluster.id, content_hash=digest, data=bundle, diagnosis=diagnosis,
                 analyzer_version=str(diagnosis.get("analyzer_version") or analysis.analyzer_version())[:40],
                 created_at=str(bundle.get("created_at"))[:40], received_at=t,
-                size_bytes=min(int(size_bytes), 2**31 - 1), token_id=token_id, **facts))
+                size_bytes=min(int(size_bytes), 2**31 - 1), token_id=token_id,
+                flagged_secrets=list(flagged)[:100] if flagged else None, **facts))
             # 3. facets, distinct machines, per-day count
             _count_facets_and_day(session, cluster.id, t, bundle_facets)
         return IngestResult(201, bundle["id"], cluster, diagnosis)

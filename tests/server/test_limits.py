@@ -86,8 +86,15 @@ def test_secrets_policy_flag_stores_and_lists(make_app):
     with app.extensions["kvreport_db"].Session() as s, s.begin():
         token = auth.new_token(s, "f", "upload")
     leaky = minimal_bundle(command={"env": {"HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyzABCDEF"}})
-    r = post(app.test_client(), leaky, {"Authorization": f"Bearer {token}"})
+    client = app.test_client()
+    r = post(client, leaky, {"Authorization": f"Bearer {token}"})
     assert r.status_code == 201 and r.json["flagged_secrets"]
+    with app.extensions["kvreport_db"].Session() as s:
+        from kvreport_server.models import Bundle
+
+        stored = s.get(Bundle, leaky["id"]).flagged_secrets
+    assert stored and stored[0].startswith("command.env.HF_TOKEN")
+    assert "hf_abcdefghijklmnopqrstuvwxyzABCDEF" not in " ".join(stored)
 
 
 def test_request_log_is_one_json_line(make_app, caplog):

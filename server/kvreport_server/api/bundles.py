@@ -92,7 +92,8 @@ class Bundles(MethodView):
                                 "redact them (update kvreport) and upload again", code="secrets_found",
                            field=refuse[0][0])
         flagged = flagged + refuse
-        result = store.ingest(get_db(), bundle, size_bytes=size, token_id=token.id)
+        result = store.ingest(get_db(), bundle, size_bytes=size, token_id=token.id,
+                              flagged=[f"{p} ({k})" for p, k in flagged])
         answer = {"id": result.bundle_id, "url": bundle_url(result.bundle_id),
                   "cluster": cluster_ref(result.cluster), "diagnosis": result.diagnosis}
         if flagged:
