@@ -95,7 +95,8 @@ def _init_limiter(app: Flask, cfg: dict, api_blps, web_bp) -> None:
     read = cfg.get("RATE_LIMIT_READ")
     login = cfg.get("RATE_LIMIT_LOGIN")
     limiter = Limiter(_token_key, app=app, storage_uri=cfg.get("RATE_LIMIT_STORAGE") or "memory://",
-                      headers_enabled=True, enabled=bool(upload or read or login), key_prefix=f"kvr{id(app)}")
+                      headers_enabled=True, enabled=bool(upload or read or login), key_prefix=f"kvr{id(app)}",
+                      strategy="moving-window")
     app.extensions["kvreport_limiter"] = limiter
     for blp in api_blps:
         if upload:

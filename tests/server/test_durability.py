@@ -96,7 +96,10 @@ def test_sigkill_loses_no_acknowledged_bundle(pg_fresh):
     threads = [threading.Thread(target=uploader, args=(k,), daemon=True) for k in range(6)]
     for t in threads:
         t.start()
-    time.sleep(3.0)
+    waited = time.time() + 30
+    while len(acked) < 30 and time.time() < waited:
+        time.sleep(0.1)
+    time.sleep(0.3)
     os.killpg(proc.pid, signal.SIGKILL)  # master and workers, mid-stream
     proc.wait(10)
     stop.set()
