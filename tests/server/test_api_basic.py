@@ -132,3 +132,22 @@ def test_openapi_document(client):
     assert r.status_code == 200
     paths = r.json["paths"]
     assert {"/api/v1/bundles", "/api/v1/bundles/{bundle_id}", "/api/v1/clusters", "/api/v1/clusters/{cluster_id}"} <= set(paths)
+
+
+def test_cluster_list_never_reads_bundles(client, db, auth_header):
+    from sqlalchemy import event
+
+    for case in ("loc-17-fail-huge-ctx-verbose", "loc-21-fail-ulimit-kv-600000"):
+        assert post(client, bundle_from_case(case), auth_header).status_code == 201
+    seen: list[str] = []
+
+    def record(conn, cursor, statement, *args):
+        seen.append(statement.lower())
+
+    event.listen(db.engine, "before_cursor_execute", record)
+    try:
+        for path in ("/api/v1/clusters", "/api/v1/clusters?sort=trend&q=cpu", "/?sort=last_seen"):
+            assert client.get(path).status_code == 200
+    finally:
+        event.remove(db.engine, "before_cursor_execute", record)
+    assert seen and not [s for s in seen if "from bundles" in s or "join bundles" in s]
