@@ -224,3 +224,23 @@ def test_sign_in_attempts_are_rate_limited(make_app):
                                                  "csrf_token": csrf_of(page)}).status_code)
     assert codes == [200, 200, 200, 429]
     assert client.get("/login").status_code == 200  # only POSTs count
+
+
+def test_every_shared_case_renders(client, auth_header):
+    """Every real case, as a bundle, uploads and renders its bundle, cluster, .json and .md views."""
+    from server_helpers import SHARED_CASES
+
+    cases = sorted(p.name for p in SHARED_CASES.iterdir() if (p / "log.txt").is_file())
+    assert len(cases) >= 20
+    clusters = set()
+    for case in cases:
+        b = bundle_from_case(case)
+        answer = upload(client, auth_header, b)
+        clusters.add(answer["cluster"]["id"])
+        for suffix in ("", ".json", ".md"):
+            r = client.get(f"/bundles/{b['id']}{suffix}")
+            assert r.status_code == 200, (case, suffix)
+    for cid in clusters:
+        assert client.get(f"/clusters/{cid}").status_code == 200
+    listing = client.get("/api/v1/clusters?per_page=200").json
+    assert sum(c["count"] for c in listing["items"]) == len(cases)
