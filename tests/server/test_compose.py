@@ -69,3 +69,13 @@ def test_config_from_environment():
     assert load_config({})["RATE_LIMIT_LOGIN"] == "20/minute"
     with pytest.raises(ValueError, match="KVREPORT_MAX_JSON_DEPTH"):
         load_config({"KVREPORT_MAX_JSON_DEPTH": "deep"})
+
+
+def test_build_context_leaves_out_the_virtualenv():
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ".venv" in ignored and ".git" in ignored
+    inline = load()["services"]["server"]["build"]["dockerfile_inline"]
+    for line in inline.splitlines():
+        if line.strip().startswith("COPY"):
+            for src in line.split()[1:-1]:
+                assert src not in ignored
