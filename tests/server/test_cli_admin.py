@@ -91,3 +91,17 @@ def test_demo_loader(db_url, tmp_path):
         assert cli_entry.load_examples(db, tmp_path) == (0, 1)  # idempotent
     finally:
         db.dispose()
+
+
+def test_bundled_examples_all_load(db_url):
+    """The example bundles `kvreport serve --demo` loads are valid and all stored (none skipped)."""
+    from kvreport_server import migrate
+
+    folder = cli_entry.examples_dir()
+    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    migrate.upgrade(db_url)
+    db = Database(db_url)
+    try:
+        assert cli_entry.load_examples(db, folder) == (len(files), 0)
+    finally:
+        db.dispose()
