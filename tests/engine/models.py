@@ -35,7 +35,7 @@ class ModelSpec:
     """
 
     name: str
-    arch: str  # "llama" or "gemma2"
+    arch: str  # "llama", "gemma2" or "gemma3"
     n_layer: int
     n_embd: int
     n_head: int
@@ -50,9 +50,12 @@ class ModelSpec:
 
     @property
     def swa_layers(self) -> list[int]:
-        """Indices of the sliding-window layers (gemma2: every even layer), else []."""
+        """Indices of the sliding-window layers (gemma2: every even layer; gemma3: all but every 6th,
+        llama.cpp's ``set_swa_pattern(6)``), else []."""
         if self.arch == "gemma2" and self.sliding_window:
             return [il for il in range(self.n_layer) if il % 2 == 0]
+        if self.arch == "gemma3" and self.sliding_window:
+            return [il for il in range(self.n_layer) if il % 6 != 5]
         return []
 
     def kv_bytes_per_token_f16(self, swa: bool | None = None) -> int:
@@ -95,7 +98,15 @@ TINY_GEMMA2 = ModelSpec(
     notes="gemma2 iSWA, 6 layers (0,2,4 SWA window 512; 1,3,5 full), 8/4 heads x 64",
 )
 
-ALL_MODELS = {m.name: m for m in (TINY_LLAMA, TINY_GQA8, TINY_FATKV, TINY_GEMMA2)}
+# gemma3: 5 sliding-window layers to 1 full (layers 0-4 SWA, layer 5 full), window 512, 4/2 heads x 64,
+# per-head q/k norms.
+TINY_GEMMA3 = ModelSpec(
+    name="tiny-gemma3-swa", arch="gemma3", n_layer=6, n_embd=256, n_head=4, n_head_kv=2, head_dim=64,
+    n_ff=512, n_ctx_train=32768, sliding_window=512, seed=5,
+    notes="gemma3 iSWA, 6 layers (0-4 SWA window 512; 5 full), 4/2 heads x 64",
+)
+
+ALL_MODELS = {m.name: m for m in (TINY_LLAMA, TINY_GQA8, TINY_FATKV, TINY_GEMMA2, TINY_GEMMA3)}
 
 
 def vocabulary() -> tuple[list[str], list[int], list[str]]:
@@ -145,6 +156,9 @@ def write_model(spec: ModelSpec, path: str | Path) -> Path:
         w.add_sliding_window(spec.sliding_window or 4096)
         w.add_attn_logit_softcapping(50.0)
         w.add_final_logit_softcapping(30.0)
+    elif spec.arch == "gemma3":
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_sliding_window(spec.sliding_window or 4096)
     else:
         raise ValueError(f"unsupported architecture {spec.arch!r}")
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
@@ -171,13 +185,16 @@ def write_model(spec: ModelSpec, path: str | Path) -> Path:
         w.add_tensor(p + "attn_k.weight", _rand(rng, kv_dim, e))
         w.add_tensor(p + "attn_v.weight", _rand(rng, kv_dim, e))
         w.add_tensor(p + "attn_output.weight", _rand(rng, e, q_dim))
-        if spec.arch == "gemma2":
+        if spec.arch in ("gemma2", "gemma3"):
             w.add_tensor(p + "post_attention_norm.weight", ones)
+        if spec.arch == "gemma3":
+            w.add_tensor(p + "attn_q_norm.weight", np.ones(spec.head_dim, dtype=np.float32))
+            w.add_tensor(p + "attn_k_norm.weight", np.ones(spec.head_dim, dtype=np.float32))
         w.add_tensor(p + "ffn_norm.weight", ones)
         w.add_tensor(p + "ffn_gate.weight", _rand(rng, spec.n_ff, e))
         w.add_tensor(p + "ffn_up.weight", _rand(rng, spec.n_ff, e))
         w.add_tensor(p + "ffn_down.weight", _rand(rng, e, spec.n_ff))
-        if spec.arch == "gemma2":
+        if spec.arch in ("gemma2", "gemma3"):
             w.add_tensor(p + "post_ffw_norm.weight", ones)
 
     w.write_header_to_file()

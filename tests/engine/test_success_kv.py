@@ -46,6 +46,11 @@ SCENARIOS = [
      [(8192, 1), (2560, 1)]),
     ("swa-gemma2-np4-no-kv-unified", "tiny-gemma2-swa", ["-c", "8192", "-np", "4", "--no-kv-unified"],
      ["-c", "8192", "-np", "4", "--no-kv-unified"], [(2048, 4), (1024, 4)]),
+    ("swa-gemma3-np-auto", "tiny-gemma3-swa", ["-c", "8192"], ["-c", "8192", "-np", "4", "--kv-unified"],
+     [(8192, 1), (2560, 1)]),
+    ("swa-gemma3-np2-no-kv-unified-q8_0", "tiny-gemma3-swa",
+     ["-c", "8192", "-np", "2", "--no-kv-unified", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"],
+     ["-c", "8192", "-np", "2", "--no-kv-unified", "-ctk", "q8_0", "-ctv", "q8_0"], [(4096, 2), (1024, 2)]),
     ("swa-gemma2-swa-full", "tiny-gemma2-swa", ["-c", "8192", "--swa-full"],
      ["-c", "8192", "-np", "4", "--kv-unified", "--swa-full"], [(8192, 1), (8192, 1)]),
 ]
