@@ -1,0 +1,70 @@
+"""Build the demo bundles shipped in collector/kvreport/examples/ from the real shared cases.
+
+Each example is what `kvreport collect --log <case>/log.txt --command "<case>/command.txt"`
+writes, with the sections that describe *this* machine (host, devices, probes, engine binary)
+removed: they were not part of the public report the log comes from. ``collector.example_of``
+names the case. Run from the repository root::
+
+    python scripts/make_examples.py [--shared ../shared]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CASES = [
+    "loc-17-fail-huge-ctx-verbose",
+    "loc-29-fail-np256-no-kv-unified-c4096",
+    "loc-54-fail-swa-gemma2-huge-ctx",
+    "pub-001-llamacpp-cpu-1m-ctx-kv-128gib",
+    "pub-012-llamacpp-rocm-2x7900xtx-weights-on-gpu0-only",
+    "pub-015-llamacpp-cuda-weights-144gb-negative",
+    "pub-016-llamacpppython-cuda-5gpu-compute-buffer-small-gpu",
+    "pub-021-koboldcpp-cuda-2gpu-150k-ctx-compute-buffer",
+    "pub-026-llamacpp-cpu-deepseekv2-default-ctx-805gb-kv",
+    "pub-035-llamacpppython-4xa100-deepseekv3-kv-200gib-on-gpu0",
+    "pub-036-llamacpp-cuda-8x3090-dsv4-compute-buffer-cuda2",
+    "pub-043-ollama-vulkan-rx6750xt-compute-buffer-exceeds-buffer-limit",
+    "pub-054-llamacpp-vulkan-strix-halo-70k-ctx-compute-over-4gb",
+    "pub-006-vllm-llama31-8b-29k-nonmonotonic-profiling",
+    "pub-008-vllm-gptoss120b-h100-negative-kv-memory",
+    "pub-040-vllm-a6000-other-processes-free-31of47",
+]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    root = Path(__file__).resolve().parents[1]
+    ap.add_argument("--shared", type=Path, default=root.parent / "shared")
+    ap.add_argument("--out", type=Path, default=root / "collector" / "kvreport" / "examples")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for old in args.out.glob("*.json"):
+        old.unlink()
+    for name in CASES:
+        case = args.shared / "cases" / name
+        cmd = [sys.executable, "-m", "kvreport.cli", "collect", "--log", str(case / "log.txt"), "--yes"]
+        if (case / "command.txt").is_file():
+            cmd += ["--command", (case / "command.txt").read_text().strip()]
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "b.json"
+            subprocess.run(cmd + ["-o", str(path)], check=True, capture_output=True, text=True)
+            bundle = json.loads(path.read_text())
+        bundle["host"], bundle["devices"], bundle["probes"] = {}, [], {}
+        bundle["memory_before_launch"] = []
+        engine = bundle.get("engine") or {}
+        bundle["engine"] = {k: v for k, v in engine.items() if not k.startswith(("binary", "list_devices"))
+                            and k not in ("version_output",)}
+        bundle["collector"]["example_of"] = name
+        (args.out / f"{name[:40]}.json").write_text(json.dumps(bundle, indent=1, ensure_ascii=False) + "\n")
+        print(f"{name}: {bundle['id']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
