@@ -325,3 +325,21 @@ def test_verbose_log_dry_run_not_counted(kv, tiny_models):
     cmd = _huge(kv.server_cmd(tiny_models["tiny-fatkv"], "-c", str(ctx), "-v"), req)
     d = _scenario(kv, "log", "kv-huge-ctx-verbose", cmd, Expect("kv_cache", ("exceeds_free",)), kv_mib=req / MIB)
     assert d["memory"]["fit"]["ran"] is True
+
+
+@VIA
+def test_kv_failure_sliding_window_model(kv, tiny_models, via):
+    """gemma2 iSWA, -c 16777216: the non-SWA cache (3 layers, 48 GiB) is created first and fails
+    ('creating non-SWA KV cache, size = 16777216 cells'). The failed buffer is that cache alone; the KV
+    asked for is both caches: 49152 MiB + the SWA cache of PAD(min(n_ctx, 512 x 4 + 512), 256) = 2560
+    cells x 3 layers (7.5 MiB)."""
+    ctx = 16777216
+    req = ctx * 3 * 2 * 4 * 64 * 2  # full-attention layers x (K+V) x kv heads x head dim x 2 B
+    cmd = _huge(kv.server_cmd(tiny_models["tiny-gemma2-swa"], "-c", str(ctx), "--fit", "off", "-lv", "4"), req)
+
+    def printed_ok(p, run):
+        assert p.kv_failed and p.failed_bytes[-1] == req, run.tail()
+        assert f"creating non-SWA KV cache, size = {ctx} cells" in run.output
+
+    _scenario(kv, via, "kv-huge-ctx-gemma2-swa", cmd, Expect("kv_cache", ("exceeds_free",)),
+              kv_mib=req / MIB + 2560 * 3 * 2 * 4 * 64 * 2 / MIB, check_printed=printed_ok)
