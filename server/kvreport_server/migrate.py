@@ -1,8 +1,11 @@
-"""Apply the Alembic migrations (repository root ``migrations/`` + ``alembic.ini``) from Python.
+"""Apply the Alembic migrations from Python.
 
 ``kvreport serve`` calls :func:`upgrade` on start; tests call :func:`upgrade` / :func:`downgrade`.
-The migrations folder is found next to the source tree (editable or source install), or through
-``KVREPORT_MIGRATIONS`` (a folder holding ``alembic.ini`` and ``migrations/``).
+The migrations live in the repository's top-level ``migrations/`` folder, which the package
+installs as ``kvreport_server/migrations`` (pyproject.toml), so a source checkout, an editable
+install and a wheel install all find them; ``KVREPORT_MIGRATIONS`` (a folder holding
+``migrations/env.py``, or that folder itself) overrides both. ``alembic.ini`` at the repository
+root serves the ``alembic`` command line; from Python no ini file is needed.
 """
 
 from __future__ import annotations
@@ -13,26 +16,28 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
+_HERE = Path(__file__).resolve().parent
 
-def project_root() -> Path:
-    """The folder holding ``alembic.ini`` (raises ``FileNotFoundError`` with the places tried)."""
-    tried = []
+
+def script_location() -> Path:
+    """The folder holding ``env.py`` and ``versions/`` (raises ``FileNotFoundError`` naming the places tried)."""
+    candidates = []
     env = os.environ.get("KVREPORT_MIGRATIONS")
-    candidates = [Path(env)] if env else []
-    candidates.append(Path(__file__).resolve().parents[2])
-    candidates.append(Path.cwd())
+    if env:
+        candidates += [Path(env) / "migrations", Path(env)]
+    candidates += [_HERE.parents[1] / "migrations", _HERE / "migrations"]
     for cand in candidates:
-        tried.append(str(cand))
-        if (cand / "alembic.ini").is_file() and (cand / "migrations" / "env.py").is_file():
+        if (cand / "env.py").is_file() and (cand / "versions").is_dir():
             return cand
-    raise FileNotFoundError("alembic.ini and migrations/ not found (tried " + ", ".join(tried)
+    raise FileNotFoundError("the kvreport migrations were not found (tried " + ", ".join(map(str, candidates))
                             + "); set KVREPORT_MIGRATIONS to the kvreport source folder")
 
 
 def alembic_config(url: str) -> Config:
-    root = project_root()
-    cfg = Config(str(root / "alembic.ini"))
-    cfg.set_main_option("script_location", str(root / "migrations"))
+    """An Alembic ``Config`` for the database at ``url`` (no logging set-up, no ini file needed)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(script_location()))
+    cfg.set_main_option("path_separator", "os")
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     cfg.attributes["configure_logging"] = False
     return cfg
