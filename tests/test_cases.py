@@ -12,6 +12,8 @@ engine's KV pool cannot hold its configured maximum length); every other phase i
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kvreport.analyze import analyze, analyze_text
@@ -74,6 +76,31 @@ def test_case_diagnosis_shape(case):
         assert d["suggestions"] == []
     # kvreport's own arithmetic agrees with every KV size the engine printed
     assert not [x for x in d["findings"] if x["kind"] == "kv_model_mismatch"]
+    # types, units and vocabularies of design.md's diagnosis contract
+    f, m = d["failure"], d["memory"]
+    assert d["engine"] in ("llama.cpp", "ollama", "vllm", "sglang", "tgi", "unknown")
+    assert f["phase"] in ("kv_cache", "compute_buffer", "model_weights", "context", "kv_capacity", "memory_budget",
+                          "none", "unknown")
+    assert f["backend"] in ("cuda", "rocm", "vulkan", "metal", "sycl", "cpu", "openvino", "cann", "unknown")
+    assert f["verdict"] in ("exceeds_free", "exceeds_alloc_limit", "fits_but_failed", "unknown")
+    for key in ("requested_mib", "free_mib"):
+        assert f[key] is None or isinstance(f[key], float)
+    for key in ("kv_required_mib", "rs_required_mib", "kv_mib_per_1k_tokens"):
+        assert m[key] is None or isinstance(m[key], float)
+    if m["max_ctx_fit"] is not None:
+        assert set(m["max_ctx_fit"]) == {"f16", "q8_0", "q4_0"}
+        assert all(isinstance(v, int) and v % 256 == 0 for v in m["max_ctx_fit"].values())
+    if m["fit"] is not None:
+        assert set(m["fit"]) == {"ran", "status", "changed"} and isinstance(m["fit"]["ran"], bool)
+        assert all(isinstance(v, list) and len(v) == 2 for v in m["fit"]["changed"].values())
+    assert set(m["inputs"]) == {"n_ctx", "n_seq", "n_layer", "n_head_kv", "head_dim_k", "head_dim_v", "cache_type_k",
+                                "cache_type_v", "n_swa", "source"}
+    assert all(set(x) == {"kind", "text", "line"} for x in d["findings"])
+    assert isinstance(d["signature"]["scheme"], int) and d["signature"]["key"].count("/") == 3
+    from kvreport.fixes import SUGGESTION_IDS
+
+    assert all(s["id"] in SUGGESTION_IDS and isinstance(s["change"], dict) for s in d["suggestions"])
+    json.dumps(d)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

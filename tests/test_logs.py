@@ -286,6 +286,22 @@ def test_parse_file_grep_and_python_paths_agree_with_parse_log():
             assert got.line_count == whole.line_count
 
 
+def test_parse_file_in_parallel_ranges_keeps_order_and_line_numbers(tmp_path):
+    """The grep prefilter cut into byte ranges (one grep per range) gives exactly parse_log's facts."""
+    from kvreport.logs import parse_file
+    from tests.paths import case_dirs
+
+    blob = b"".join((c / "log.txt").read_bytes().rstrip(b"\n") + b"\n" for c in case_dirs()[:12])
+    for tail in (b"", b"no newline at the end"):
+        p = tmp_path / "big.log"
+        p.write_bytes(blob + tail)
+        whole = parse_log(p.read_bytes().decode("utf-8", "replace").splitlines())
+        for workers in (1, 2, 3, 7):
+            got = parse_file(p, workers=workers)
+            assert got.events == whole.events and got.kv_caches == whole.kv_caches, workers
+            assert got.hparams == whole.hparams and got.line_count == whole.line_count, workers
+
+
 # ---- lines of public reports added with tests/data/cases/pub-1xx (sources in each case.json)
 
 def test_old_sycl_message_glued_to_the_next_line_is_split():

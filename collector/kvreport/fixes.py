@@ -441,7 +441,8 @@ def _py_engine_rules(b: _Builder) -> None:
         avail = v.get("available_kv_mib")
         negative = avail is not None and avail <= 0
         cur_util = util if isinstance(util, (int, float)) else (0.9 if not sg else None)
-        raise_change = {util_flag: round(min(0.95, (cur_util or 0.85) + 0.05), 2)}
+        # vLLM's default is 0.9; SGLang computes its own when unset, so without the value there is no number
+        raise_change = {util_flag: round(min(0.95, cur_util + 0.05), 2)} if cur_util else {}
         if negative:
             b.add(0, "raise-gpu-memory-utilization", f"Raise {util_flag}", raise_change,
                   f"the KV pool was {_mib(avail)} MiB: weights and activations used the whole budget",

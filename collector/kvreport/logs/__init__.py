@@ -126,58 +126,131 @@ def parse_stream(fileobj, chunk_bytes: int = 8 << 20) -> LogFacts:
     return f
 
 
-def parse_file(path, use_grep: bool = True) -> LogFacts:
+def parse_file(path, use_grep: bool = True, workers: int | None = None) -> LogFacts:
     """:func:`parse_stream` for a file on disk, with ``grep -F`` as the prefilter when there is one.
 
-    ``grep -a -n -F`` with the parsers' keywords (the same literal set as :func:`is_key_line`)
-    finds the key lines at grep's speed; Python then counts the lines (``bytes.count``) and parses
-    only the key lines, in order. Without a usable grep (Windows, a failure) the pure-Python chunk
-    scan is used. Same facts either way. Raises OSError when the file cannot be read.
+    The file is cut at line boundaries into ``workers`` byte ranges (default: one per CPU, at most 4, and one for
+    files under 64 MiB). Each range is streamed once (``os.pread`` in 4 MiB blocks) into its own
+    ``grep -a -n -F -f <keywords>`` process, the same literal set as :func:`is_key_line`, while its newlines are
+    counted; the grep processes run in parallel and Python parses only the key lines they return, in order, with
+    exact line numbers (each range's numbers are offset by the newlines of the ranges before it). Without a usable
+    grep (Windows, a failure) the pure-Python chunk scan is used. Same facts either way. Raises OSError when the
+    file cannot be read.
     """
-    import os
     import shutil
-    import subprocess
-    import tempfile
 
     grep = shutil.which("grep") if use_grep else None
     with open(path, "rb") as fh:
         if grep is None:
             return parse_stream(fh)
-        kw = None
         try:
-            with tempfile.NamedTemporaryFile("wb", suffix=".kw", delete=False) as kwf:
-                kwf.write("\n".join(KEYWORDS).encode())
-                kw = kwf.name
-            proc = subprocess.Popen([grep, "-a", "-n", "-F", "-f", kw, "--", os.fspath(path)],
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                    env={**os.environ, "LC_ALL": "C"})
-            f = LogFacts()
-            assert proc.stdout is not None
-            for raw in proc.stdout:
-                num, _, text = raw.partition(b":")
-                if num.isdigit():
-                    _feed_one(f, text, int(num))
-            proc.wait()
-            if proc.returncode not in (0, 1):
-                fh.seek(0)
-                return parse_stream(fh)
-        finally:
-            if kw:
+            result = _parse_file_grep(fh, grep, workers)
+        except OSError:
+            result = None
+        if result is None:
+            fh.seek(0)
+            return parse_stream(fh)
+        return result
+
+
+def _ranges(fh, size: int, n: int) -> list[tuple[int, int]]:
+    """``n`` byte ranges ``(start, end)`` covering the file, each ending just after a newline (or at EOF)."""
+    cuts = [0]
+    for i in range(1, n):
+        pos = max(cuts[-1], size * i // n)
+        fh.seek(pos)
+        while True:
+            block = fh.read(1 << 16)
+            if not block:
+                pos = size
+                break
+            j = block.find(b"\n")
+            if j >= 0:
+                pos += j + 1
+                break
+            pos += len(block)
+        if pos >= size:
+            break
+        if pos > cuts[-1]:
+            cuts.append(pos)
+    cuts.append(size)
+    return [(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
+
+
+def _parse_file_grep(fh, grep: str, workers: int | None) -> LogFacts | None:
+    import os
+    import subprocess
+    import tempfile
+    import threading
+
+    fd = fh.fileno()
+    size = os.fstat(fd).st_size
+    if workers is None:
+        workers = min(4, os.cpu_count() or 1) if size >= (64 << 20) else 1
+    ranges = _ranges(fh, size, max(1, workers)) or [(0, 0)]
+    kw = None
+    try:
+        with tempfile.NamedTemporaryFile("wb", suffix=".kw", delete=False) as kwf:
+            kwf.write("\n".join(KEYWORDS).encode())
+            kw = kwf.name
+        env = {**os.environ, "LC_ALL": "C"}
+        procs = [subprocess.Popen([grep, "-a", "-n", "-F", "-f", kw], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, env=env) for _ in ranges]
+        newlines = [0] * len(ranges)
+        last_byte = [b"\n"] * len(ranges)
+        outputs: list[list[bytes]] = [[] for _ in ranges]
+        errors: list[BaseException] = []
+
+        def feed(i: int) -> None:
+            start, end = ranges[i]
+            pipe = procs[i].stdin
+            try:
+                pos = start
+                while pos < end:
+                    block = os.pread(fd, min(4 << 20, end - pos), pos)
+                    if not block:
+                        break
+                    newlines[i] += block.count(b"\n")
+                    last_byte[i] = block[-1:]
+                    pipe.write(block)
+                    pos += len(block)
+            except (OSError, ValueError) as exc:  # a broken pipe: grep died
+                errors.append(exc)
+            finally:
                 try:
-                    os.unlink(kw)
+                    pipe.close()
                 except OSError:
                     pass
-        n = 0
-        last = b"\n"
-        while True:
-            chunk = fh.read(16 << 20)
-            if not chunk:
-                break
-            n += chunk.count(b"\n")
-            last = chunk[-1:]
-        f.line_count = n + (0 if last == b"\n" else 1)
-        f.engine = decide_engine(f)
-        return f
+
+        def collect(i: int) -> None:
+            outputs[i] = procs[i].stdout.readlines()
+
+        threads = [threading.Thread(target=fn, args=(i,), daemon=True)
+                   for i in range(len(ranges)) for fn in (feed, collect)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        codes = [p.wait() for p in procs]
+        if errors or any(c not in (0, 1) for c in codes):
+            return None
+    finally:
+        if kw:
+            try:
+                os.unlink(kw)
+            except OSError:
+                pass
+    f = LogFacts()
+    offset = 0
+    for i, out in enumerate(outputs):
+        for raw in out:
+            num, _, text = raw.partition(b":")
+            if num.isdigit():
+                _feed_one(f, text, offset + int(num))
+        offset += newlines[i]
+    f.line_count = offset + (0 if size == 0 or last_byte[-1] == b"\n" else 1)
+    f.engine = decide_engine(f)
+    return f
 
 
 def _scan(f: LogFacts, body: bytes, lineno: int) -> int:

@@ -7,13 +7,14 @@ import re
 
 from kvreport.logs.facts import LogFacts
 
-KEYWORDS = ("sglang", "SGLang", "mem_fraction_static", "mem-fraction-static", "KV Cache is allocated",
+KEYWORDS = ("sglang", "SGLang", "profiled value", "mem_fraction_static", "mem-fraction-static", "KV Cache is allocated",
             "max_total_num_tokens", "Load weight end", "memory_pool", "TP0", "CUDA error", "Not enough memory")
 
 _ALLOC = re.compile(r"KV Cache is allocated\. #tokens:\s*(\d+),\s*(?:K size:\s*([\d.]+) GB,\s*V size:\s*([\d.]+) GB|KV size:\s*([\d.]+) GB)")
 _SUMMARY = re.compile(r"max_total_num_tokens=(\d+).*?max_running_requests=(\d+).*?context_len=(\d+).*?available_gpu_mem=([\d.]+) GB")
 _WEIGHT = re.compile(r"Load weight end\..*?avail mem=([\d.]+) GB,\s*mem usage=([\d.]+) GB")
 _FRACTION = re.compile(r"mem_fraction_static=([\d.]+)")
+_PROFILED = re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (-?\d+)")
 
 
 def feed(f: LogFacts, line: str, lineno: int) -> None:
@@ -48,6 +49,17 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         if "memory_pool_host" in line:
             s["host_pool"] = True
         f.engine_hints["sglang"] += 1
+    m = _PROFILED.search(line) if "profiled value" in line else None
+    if m:
+        f.engine_hints["sglang"] += 2
+        s["max_total_tokens"] = int(m.group(1))
+        s["profiled_tokens"] = int(m.group(2))
+        if int(m.group(2)) <= 0 and not any(e.get("profiled") for e in f.events):
+            # the KV pool would hold no token at all: SGLang refuses with "Not enough memory" right after
+            f.add_event("engine", lineno, line, engine="sglang", phase="kv_capacity", backend=None, profiled=True)
+            f.final_error = f.final_error or line
+            f.add_error(line)
+        return
     if "Not enough memory. Please try to increase --mem-fraction-static" in line:
         f.engine_hints["sglang"] += 3
         f.add_event("engine", lineno, line, engine="sglang", phase="kv_capacity", backend=None)
