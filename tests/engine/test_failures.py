@@ -102,7 +102,11 @@ def _scenario(kv, via: str, sid: str, cmd: list[str], expect: Expect, *, kv_mib=
         assert rc == 0, "kvreport analyze must exit 0 when it diagnosed a failure"
         return d
     assert res.bundle is not None, f"kvreport run wrote no bundle after a failure:\n{run.tail()}"
-    _check(res.diagnosis, printed, expect, want_kv)
+    try:
+        _check(res.diagnosis, printed, expect, want_kv)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n--- diagnosis: {res.diagnosis.get('failure')}\n--- kvreport run printed:\n"
+                             f"{run.tail(25)}") from None
     return res.diagnosis
 
 
