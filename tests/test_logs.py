@@ -184,6 +184,52 @@ def test_fit_lines_and_dry_run_marking():
     assert [k["dry_run"] for k in f.kv_caches] == [True, False]
 
 
+
+# every auto-fit line a parser reads, in the spellings of each era (kv-facts.md §3): b7407..b8864 prefix
+# llama_params_fit(_impl), b8865+ common_fit_params / common_params_fit_impl
+_FIT_ERA_LINES = {
+    "new": ["I cmn  common_init_: fitting params to device memory ...",
+            "I common_params_fit_impl: projected to use 9226 MiB of device memory vs. 11312 MiB of free device memory",
+            "I common_params_fit_impl:   - CUDA0:  24000 total,  20000 used,   3000 free vs. target of   1024",
+            "I common_params_fit_impl: context size reduced from 131072 to 63232 -> need 596 MiB less memory in total",
+            "I common_params_fit_impl:   - CUDA0: 30 layers ( 2 overflowing),  20000 MiB used,   3000 MiB free",
+            "I common_fit_params: successfully fit params to free device memory",
+            "I common_fit_params: fitting params to free memory took 0.01 seconds"],
+    "old": ["llama_params_fit: fitting params to device memory, for bugs during this step try to reproduce them with -fit off",
+            "llama_params_fit_impl: projected to use 9226 MiB of device memory vs. 11312 MiB of free device memory",
+            "llama_params_fit_impl:   - CUDA0:  24000 total,  20000 used,   3000 free vs. target of   1024",
+            "llama_params_fit_impl: context size reduced from 131072 to 63232 -> need 596 MiB less memory in total",
+            "llama_params_fit_impl:   - CUDA0: 30 layers ( 2 overflowing),  20000 MiB used,   3000 MiB free",
+            "llama_params_fit: successfully fit params to free device memory",
+            "llama_params_fit: fitting params to free memory took 0.01 seconds"],
+}
+
+
+@pytest.mark.parametrize("era", sorted(_FIT_ERA_LINES))
+def test_every_fit_line_is_a_key_line_and_a_finished_fit_is_fitted(era):
+    lines = _FIT_ERA_LINES[era]
+    assert all(is_key_line(x) for x in lines), [x for x in lines if not is_key_line(x)]
+    f = facts(*lines)
+    assert f.fit["status"] == "fitted" and f.fit["changed"]["n_ctx"] == [131072, 63232]
+    assert f.fit["layers"]["CUDA0"] == {"layers": 30, "overflowing": 2}
+    assert f.fit["devices"]["CUDA0"]["target_mib"] == 1024
+    assert f.fit["projected_mib"] == 9226 and not f.in_fit
+
+
+def test_fit_without_changes_stays_no_change_after_success():
+    f = facts("I common_params_fit_impl: projected to use 9226 MiB of device memory vs. 11312 MiB of free device memory",
+              "I common_params_fit_impl: will leave 2086 >= 1024 MiB of free device memory, no changes needed",
+              "I common_fit_params: successfully fit params to free device memory")
+    assert f.fit["status"] == "no_change"
+
+
+def test_failed_fit_status():
+    f = facts("I cmn  common_init_: fitting params to device memory ...",
+              "W common_fit_params: failed to fit params to free device memory: n_gpu_layers already set by user to 99, abort",
+              "I common_fit_params: fitting params to free memory took 0.01 seconds")
+    assert f.fit["status"].startswith("failed: n_gpu_layers already set by user")
+
+
 # ---------------------------------------------------------------- failure chains
 
 @pytest.mark.parametrize("line,backend,mib", [

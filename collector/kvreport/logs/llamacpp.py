@@ -17,7 +17,7 @@ from kvreport.logs.facts import LogFacts
 KEYWORDS = (
     "print_info", "llm_load_print_meta", "- kv ", "llama_context", "llama_new_context", "llama_init_from_model",
     "kv_cache", "KV self size", "buffer size", "fail", "error", "Error", "alloc", "MiB free", "MB)",
-    "ggml_cuda_init", "Device ", "found ", "build", "version", "fitting params", "projected to use",
+    "ggml_cuda_init", "Device ", "found ", "build", "version", "fitting params", "fit params", "projected to use", "free vs. target",
     "context size", "overflowing", "no changes needed", "n_slots", "n_ctx", "n_parallel", "flash_attn",
     "Flash Attention", "SWA", "retrying", "listening", "llama_memory_recurrent", "rs_seq", "ROCm", "Vulkan",
     "MTL", "Metal", "load_tensors", "offload", "memory breakdown", "GGML_ASSERT", "exiting", "unable to",
@@ -349,7 +349,9 @@ def _feed_fit(f: LogFacts, line: str) -> None:
     if f.fit is None:
         return
     if "successfully fit params" in line:
-        f.fit["status"] = "fitted"
+        # common_fit_params / llama_params_fit: the fit finished; "no changes needed" before it stays no_change
+        if f.fit["status"] in ("started", "unknown"):
+            f.fit["status"] = "fitted"
     elif "failed to fit params" in line:
         f.fit["status"] = "failed: " + line.split("failed to fit params to free device memory:")[-1].strip()[:200]
     elif "encountered an error while trying to fit" in line:
