@@ -20,13 +20,47 @@ from kvreport.errors import KvreportError
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
+class _MiB(click.ParamType):
+    """A finite amount of memory in MiB, >= 0 (``inf`` and ``nan`` are refused)."""
+
+    name = "MiB"
+
+    def convert(self, value, param, ctx):
+        import math
+
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of MiB", param, ctx)
+        if not math.isfinite(number) or number < 0:
+            self.fail(f"{value!r} is not a finite number of MiB >= 0", param, ctx)
+        return number
+
+
 def _fail(message: str, code: int = 2) -> None:
     click.echo(f"kvreport: error: {message}", err=True)
     sys.exit(code)
 
 
 class _Group(click.Group):
-    """Turns every kvreport error into one stderr line and an exit status."""
+    """Turns every kvreport error, click's usage errors included, into one stderr line and an exit status."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:  # plain `kvreport`: the help, not an error
+            click.echo(exc.format_message())
+            sys.exit(0)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else "kvreport"
+            _fail(f"{exc.format_message()} (see '{where} --help')", exc.exit_code)
+        except click.ClickException as exc:
+            _fail(exc.format_message(), exc.exit_code)
+        except click.exceptions.Abort:
+            _fail("aborted", 1)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx):
         try:
@@ -132,14 +166,14 @@ def analyze(path: str, as_json: bool, command_line: str | None) -> None:
 @click.option("--config", "hf_config", type=click.Path(dir_okay=False),
               help="A Hugging Face config.json (vLLM / SGLang sizing).")
 @click.option("-c", "--ctx-size", "ctx_size", type=click.IntRange(min=0), help="Requested context (tokens).")
-@click.option("--free-mib", type=click.FloatRange(min=0), help="Free memory to fit into (MiB); default: local devices.")
+@click.option("--free-mib", type=_MiB(), help="Free memory to fit into (MiB); default: local devices.")
 @click.option("-np", "--parallel", "parallel", type=click.IntRange(min=1), help="Parallel sequences (slots).")
 @click.option("-kvu/-no-kvu", "--kv-unified/--no-kv-unified", "kv_unified", default=None,
               help="Unified KV cache (llama-server's default with automatic --parallel).")
 @click.option("-ctk", "--cache-type-k", "cache_type_k", default=None, help="K cache type (f16, q8_0, ...).")
 @click.option("-ctv", "--cache-type-v", "cache_type_v", default=None, help="V cache type.")
 @click.option("--swa-full", is_flag=True, default=False, help="Full-size cache for sliding-window layers.")
-@click.option("--headroom-mib", type=click.FloatRange(min=0), default=None,
+@click.option("--headroom-mib", type=_MiB(), default=None,
               help="Memory to keep free besides the KV (MiB); default 0 with --free-mib.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 def fit(**opts) -> None:

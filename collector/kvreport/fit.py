@@ -46,9 +46,16 @@ def _fmt_bytes(n: float) -> str:
 
 
 def _fit_for(shape: ModelShape, budget_bytes: float, base: KVConfig, t: str) -> tuple[int, int]:
-    """(largest n_ctx rounded down to 256, the exact token count before rounding) for type ``t``."""
+    """(largest n_ctx rounded down to 256, the exact token count before rounding) for type ``t``.
+
+    The count before rounding is only given where it is exact: one stream (unified cache or one
+    sequence) and no sliding-window layers, whose cache size steps with n_ctx
+    (llama-kv-cache-iswa.cpp); elsewhere both values are the rounded one.
+    """
     cfg = base.with_(cache_type_k=t, cache_type_v=t)
     n = max_ctx_fit(shape, budget_bytes, cfg)
+    if (cfg.n_seq > 1 and not cfg.kv_unified) or any(shape.is_swa or ()):
+        return n, n
     per = kv_size(shape, cfg.with_(n_ctx=CTX_PAD)).bytes_per_token
     fixed = kv_size(shape, cfg.with_(n_ctx=CTX_PAD))
     fixed_bytes = fixed.total_bytes - per * fixed.cells * fixed.n_stream
