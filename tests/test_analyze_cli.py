@@ -68,3 +68,80 @@ def test_bundle_file(tmp_path):
     p.write_text(json.dumps(bundle))
     r = run(str(p), "--json")
     assert r.exit_code == 0 and json.loads(r.output)["failure"]["phase"] == "kv_cache"
+
+
+# --- bundles are validated; the server's download format is accepted (QA report items 6 and 14) ---
+
+def _bundle_file(tmp_path, name, obj):
+    import json as _json
+
+    p = tmp_path / name
+    p.write_text(obj if isinstance(obj, str) else _json.dumps(obj))
+    return p
+
+
+def test_bundle_of_another_schema_version_is_refused(tmp_path):
+    from click.testing import CliRunner
+
+    from kvreport.cli import main
+    from tests.helpers import minimal_bundle
+
+    b = minimal_bundle("x")
+    b["schema"] = "kvreport/bundle@2"
+    r = CliRunner().invoke(main, ["analyze", str(_bundle_file(tmp_path, "b.json", b))])
+    assert r.exit_code == 2 and "schema" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_bundle_with_wrong_types_is_refused(tmp_path):
+    from click.testing import CliRunner
+
+    from kvreport.cli import main
+    from tests.helpers import minimal_bundle
+
+    b = minimal_bundle("x")
+    b["log"] = "hello"
+    r = CliRunner().invoke(main, ["analyze", str(_bundle_file(tmp_path, "b.json", b))])
+    assert r.exit_code == 2 and "log" in r.stderr
+
+
+def test_deeply_nested_json_is_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from kvreport.cli import main
+
+    deep = '{"schema": "kvreport/bundle@1", "x": ' + "[" * 100000 + "]" * 100000 + "}"
+    r = CliRunner().invoke(main, ["analyze", str(_bundle_file(tmp_path, "b.json", deep))])
+    assert r.exit_code == 2 and "nested" in r.stderr
+
+
+def test_server_download_format_is_unwrapped(tmp_path):
+    from click.testing import CliRunner
+
+    from kvreport.cli import main
+    from tests.helpers import minimal_bundle
+    from tests.paths import SHARED_CASES
+
+    log = (SHARED_CASES / "loc-17-fail-huge-ctx-verbose" / "log.txt").read_text()
+    b = minimal_bundle(log)
+    wrapped = {"id": b["id"], "url": "http://x/bundles/" + b["id"], "bundle": b,
+               "diagnosis": {"failure": {"phase": "none"}}}
+    r = CliRunner().invoke(main, ["analyze", "--json", str(_bundle_file(tmp_path, "d.json", wrapped))])
+    assert r.exit_code == 0, r.output
+    import json as _json
+
+    assert _json.loads(r.stdout)["failure"]["phase"] == "kv_cache"  # recomputed, not the stored one
+
+
+def test_stdin_takes_the_same_path_as_a_file(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.paths import SHARED_CASES
+
+    log = (SHARED_CASES / "loc-17-fail-huge-ctx-verbose" / "log.txt").read_bytes()
+    cmd = [sys.executable, "-m", "kvreport.cli", "analyze", "--json"]
+    a = subprocess.run(cmd + ["-"], input=log, capture_output=True, timeout=60)
+    b = subprocess.run(cmd + [str(SHARED_CASES / "loc-17-fail-huge-ctx-verbose" / "log.txt")],
+                       capture_output=True, timeout=60)
+    assert a.returncode == b.returncode == 0
+    assert a.stdout == b.stdout

@@ -3,8 +3,14 @@
 Exit status (design.md): 0 when a failure was diagnosed, 1 when the input holds no failure
 (``--json`` still prints the diagnosis with its memory numbers), 2 when the input cannot be read
 (one line on stderr, no traceback). A raw log is read in one streaming pass
-(:func:`kvreport.logs.parse_stream`), so a multi-GB log costs little memory; text pasted from a
-GitHub issue (code fences, ``> `` quotes) is accepted as it is.
+(:func:`kvreport.logs.parse_file`; standard input is first spooled to a temporary file so that it
+gets the same fast path), so a multi-GB log costs little memory; text pasted from a GitHub issue
+(code fences, ``> `` quotes) is accepted as it is.
+
+A bundle is validated with :func:`kvreport.bundle.validate_bundle` (another schema version, wrong
+types: exit 2 naming the field). The server's own download format (``/bundles/<id>.json``:
+``{"id", "url", "bundle": {...}, "diagnosis": {...}}``) is accepted; its diagnosis is ignored and
+recomputed, as the server itself does.
 """
 
 from __future__ import annotations
@@ -12,18 +18,31 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 from kvreport.analyze import _parse_command, analyze, diagnose
+from kvreport.bundle import BundleError, validate_bundle
 from kvreport.errors import InputError
 from kvreport.logs import parse_file, parse_stream
 from kvreport.render import render_text
 
 
 def _open(path: str):
+    """A binary file object for ``path``; standard input ('-') is spooled to a named temporary file."""
     if path == "-":
-        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
-        return io.BytesIO(data)
+        src = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else io.BytesIO(sys.stdin.read().encode())
+        spool = tempfile.NamedTemporaryFile(prefix="kvreport-stdin-", suffix=".log", delete=False)  # noqa: SIM115
+        try:
+            shutil.copyfileobj(src, spool, 8 << 20)
+            spool.flush()
+            spool.seek(0)
+        except BaseException:
+            spool.close()
+            os.unlink(spool.name)
+            raise
+        return spool
     try:
         return open(path, "rb")
     except IsADirectoryError as exc:
@@ -32,49 +51,45 @@ def _open(path: str):
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
+def _as_bundle(head: bytes, fh) -> dict | None:
+    """The bundle in a JSON file, validated; None when the file is not a JSON object (a log)."""
+    data = head + fh.read()
+    try:
+        obj = json.loads(data.decode("utf-8", "replace"))
+    except RecursionError:
+        raise InputError("not a valid bundle: the JSON is nested too deeply") from None
+    except ValueError:
+        return None  # e.g. JSON lines of a log (--log-jsonl): read as a log
+    if not isinstance(obj, dict):
+        return None
+    if "schema" not in obj and isinstance(obj.get("bundle"), dict):
+        obj = obj["bundle"]  # the server's /bundles/<id>.json
+    if "schema" not in obj and "log" not in obj:
+        return None  # a JSON object that is a log line, not a bundle
+    try:
+        return validate_bundle(obj)
+    except BundleError as exc:
+        raise InputError(str(exc)) from None
+
+
 def _diagnose(fh, command_line: str | None) -> tuple[dict, dict | None]:
     head = fh.read(64 * 1024)
-    stripped = head.lstrip()
-    if stripped.startswith(b"{") and b'"schema"' in head and b"kvreport/bundle" in head:
-        data = head + fh.read()
-        try:
-            bundle = json.loads(data.decode("utf-8", "replace"))
-        except ValueError as exc:
-            raise InputError(f"not a valid bundle: {exc}") from exc
-        if not isinstance(bundle, dict):
-            raise InputError("not a valid bundle: the JSON is not an object")
-        if command_line:
-            bundle["command"] = _parse_command(command_line)
-        return analyze(bundle), bundle
+    if head.lstrip().startswith(b"{"):
+        bundle = _as_bundle(head, fh)
+        if bundle is not None:
+            if command_line:
+                bundle["command"] = _parse_command(command_line)
+            return analyze(bundle), bundle
+        fh.seek(0)
+        head = fh.read(64 * 1024)
     name = getattr(fh, "name", None)
     if isinstance(name, str) and os.path.isfile(name):
         facts = parse_file(name)  # grep -F prefilter when available: big logs at near grep speed
     else:
-        stream = io.BufferedReader(_Chain(head, fh)) if head else fh
-        facts = parse_stream(stream)
+        fh.seek(0)
+        facts = parse_stream(fh)
     extra = {"command": _parse_command(command_line)} if command_line else {}
     return diagnose(facts, extra), None
-
-
-class _Chain(io.RawIOBase):
-    """Bytes already read followed by the rest of the file."""
-
-    def __init__(self, head: bytes, rest):
-        self.head, self.rest = head, rest
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:
-        if self.head:
-            n = min(len(b), len(self.head))
-            b[:n] = self.head[:n]
-            self.head = self.head[n:]
-            return n
-        data = self.rest.read(len(b))
-        n = len(data)
-        b[:n] = data
-        return n
 
 
 def cli_analyze(path: str, as_json: bool = False, command_line: str | None = None) -> int:
@@ -87,6 +102,8 @@ def cli_analyze(path: str, as_json: bool = False, command_line: str | None = Non
             raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
         finally:
             fh.close()
+            if path == "-":
+                os.unlink(fh.name)
     except InputError as exc:
         print(f"kvreport: error: {exc}", file=sys.stderr)
         return 2
