@@ -196,3 +196,59 @@ def test_every_suggestion_id_is_in_the_vocabulary():
     src = open(fixes.__file__).read()
     used = set(re.findall(r'"([a-z]+(?:-[a-z0-9]+)+)"', src)) & set(re.findall(r'add\(\s*[\w.]+,\s*"([a-z0-9-]+)"', src))
     assert used and used <= set(fixes.SUGGESTION_IDS), used - set(fixes.SUGGESTION_IDS)
+
+
+def test_context_above_the_training_context_is_capped_there_and_the_text_says_so():
+    """loc-54's shape: the fit allows millions of tokens, but n_ctx_train is 8192; the text must not call 8192 the
+    largest context that fits."""
+    s = Situation(engine="llama.cpp", phase="kv_cache", backend="cpu", verdict="exceeds_free", failing_device="CPU",
+                  requested_mib=49152.0, free_mib=24105.0, free_at_failure_mib=24105.0, kv_budget_mib=24105.0,
+                  n_ctx=16777216, n_ctx_train=8192, kv_mib=49159.5, cache_type_k="f16", cache_type_v="f16",
+                  max_ctx_fit={"f16": 8225280, "q8_0": 15484928, "q4_0": 29251840},
+                  kv_at=lambda n_ctx=None, **kw: 31.5 if n_ctx == 8192 else 26116.0)
+    top = suggest(s)[0]
+    assert top["id"] == "reduce-ctx" and top["change"] == {"--ctx-size": 8192}
+    assert "8,192 is the model's training context (n_ctx_train)" in top["why"]
+    assert "up to 8,225,280 tokens would fit in memory" in top["why"] and "largest -c" not in top["why"]
+    assert top["expected"].endswith("up to 8,225,280 tokens would fit")
+    q = next(x for x in suggest(s) if x["id"] == "quantize-kv-cache")
+    assert "still more than the 24,105 MiB" in q["expected"]
+
+
+def test_fit_below_the_training_context_is_the_fit():
+    s = Situation(engine="llama.cpp", phase="kv_cache", backend="cuda", verdict="exceeds_free", failing_device="CUDA0",
+                  requested_mib=16384.0, free_at_failure_mib=10817.5, kv_budget_mib=10817.5, n_ctx=262144,
+                  n_ctx_train=131072, kv_mib=32768.0, cache_type_k="f16", max_ctx_fit={"f16": 86528, "q8_0": 1, "q4_0": 1},
+                  kv_at=lambda n_ctx=None, **kw: n_ctx / 8 / 1024 * 1024 / 1024)
+    top = suggest(s)[0]
+    assert top["change"] == {"--ctx-size": 86528} and "the largest -c" in top["why"]
+
+
+def test_no_context_fits_means_no_reduce_ctx():
+    s = Situation(engine="llama.cpp", phase="kv_cache", backend="cpu", verdict="exceeds_free", failing_device="CPU",
+                  n_ctx=65536, n_ctx_requested=4096, n_seq=256, kv_unified=False, kv_mib=32768.0,
+                  free_at_failure_mib=24105.0, max_ctx_fit={"f16": 0, "q8_0": 65536, "q4_0": 131072},
+                  kv_at=lambda **kw: 2048.0)
+    assert "reduce-ctx" not in [x["id"] for x in suggest(s)]
+
+
+def test_host_buffer_that_fits_suggests_raising_the_memory_limit_first():
+    s = Situation(engine="llama.cpp", phase="kv_cache", backend="cpu", verdict="fits_but_failed", failing_device="CPU",
+                  requested_mib=512.0, free_mib=24105.0, free_at_failure_mib=24105.0, n_ctx=65536, kv_mib=512.0,
+                  command=parse_command("docker run --memory 1g img llama-server -m m.gguf -c 65536"))
+    out = suggest(s)
+    assert out[0]["id"] == "raise-memory-limit" and out[0]["change"] == {} and out[0]["command"] is None
+    assert "512 MiB requested on CPU; the log reported 24,105 MiB of host memory free" in out[0]["expected"]
+    for check in ("ulimit -v", "/sys/fs/cgroup/memory.max", "docker --memory"):
+        assert check in out[0]["why"]
+    ids = [x["id"] for x in out]
+    assert "bisect-regression" not in ids and "free-device-memory" not in ids
+
+
+def test_gpu_buffer_that_fits_keeps_bisect_regression_and_no_memory_limit():
+    s = Situation(engine="llama.cpp", phase="compute_buffer", backend="cuda", verdict="fits_but_failed",
+                  failing_device="CUDA0", requested_mib=512.0, free_mib=20000.0, free_at_failure_mib=20000.0)
+    ids = [x["id"] for x in suggest(s, limit=8)]
+    assert "bisect-regression" in ids and "raise-memory-limit" not in ids
+    fd = next(x for x in suggest(s, limit=8) if x["id"] == "free-device-memory")
+    assert "were free when measured" in fd["expected"]

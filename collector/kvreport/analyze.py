@@ -780,7 +780,8 @@ class _Diagnosis:
             offloaded_layers=to_int(str(off).split("/")[0]) if off else None, vllm=f.vllm, sglang=f.sglang, tgi=f.tgi,
             weak=self.weak, has_memory_event=self.has_memory_event,
             kv_basis="failed_buffer" if bpt is not None and size is None else ("model" if size is not None else None),
-            n_gpu_layers_log=f.ollama.get("num_gpu"))
+            n_gpu_layers_log=f.ollama.get("num_gpu"), kv_budget_mib=getattr(self, "budget_mib", None),
+            kv_share=self._kv_share(failure.get("failing_device")))
 
 
 def _r2(x) -> float | None:

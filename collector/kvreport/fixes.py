@@ -18,6 +18,7 @@ knob: llama.cpp flags, Ollama environment variables / Modelfile parameters, vLLM
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 SUGGESTION_IDS = (
@@ -29,6 +30,9 @@ SUGGESTION_IDS = (
     # added here (design.md: "New ids may be added; none renamed"):
     "lower-gpu-memory-utilization",  # vLLM's start-up gate (memory_budget): utilization x total > free memory,
                                      # so the fraction must go DOWN to start next to other processes
+    "raise-memory-limit",  # a host (CPU) buffer far under the machine's RAM was refused: a per-process cap
+                           # (ulimit -v / RLIMIT_AS, a cgroup/container memory.max, strict overcommit) or other
+                           # processes; check `ulimit -v`, `cat /sys/fs/cgroup/memory.max`, docker --memory
 )
 """Every suggestion id :func:`suggest` may return; tests check the rules use no other."""
 
@@ -43,6 +47,9 @@ class Situation:
     gives the attention-KV MiB of a changed configuration (kvreport.kvcache arithmetic, or linear in the context
     when ``kv_basis`` is ``"failed_buffer"``: the per-token cost derived from the failed KV buffer and n_ctx).
     ``n_gpu_layers_log``: a GPU layer count the log itself states (Ollama's ``num_gpu = N``).
+    ``kv_budget_mib``: the MiB the KV may use on the failing device, the budget ``max_ctx_fit`` was computed against
+    (free memory at the failure for a KV failure; that plus the device's own KV minus the compute buffer for a compute
+    failure). ``kv_share``: the fraction of the KV on the failing device (per-device KV buffer lines).
     """
 
     engine: str = "unknown"
@@ -81,6 +88,8 @@ class Situation:
     has_memory_event: bool = False
     kv_basis: str | None = None
     n_gpu_layers_log: int | None = None
+    kv_budget_mib: float | None = None
+    kv_share: float = 1.0
 
 
 def _mib(x: float | None) -> str:
@@ -152,10 +161,23 @@ def _ctx_change(s: Situation, n: int) -> dict:
 # ------------------------------------------------------------------ llama.cpp family rules
 
 def _reduce_ctx(b: _Builder, rank: float) -> None:
-    """reduce-ctx with the number that justifies it: the largest n_ctx whose KV fits the memory left on the failing
-    device (a multiple of 256), else the model's training context, else half the current context with the KV it
-    would need. Without any basis for a number (no context size in the log or the command) the change carries no
-    value and the text says so (design.md: no invented numbers)."""
+    """reduce-ctx with the number that justifies it.
+
+    * ``max_ctx_fit`` known (the largest n_ctx, a multiple of 256, whose KV fits the KV budget of the failing device —
+      ``Situation.kv_budget_mib``) and below the current context: that number, and the text says it is the fit.
+    * The current context above the model's training context (``n_ctx_train``, GGUF ``<arch>.context_length``) and the
+      fit above n_ctx_train (or unknown): n_ctx_train, and the text says so — a context beyond n_ctx_train needs RoPE
+      scaling (llama.cpp ``--rope-scaling yarn``), so kvreport does not suggest one — giving the fit as well when known
+      ("up to N tokens would fit in memory").
+    * The current KV already fits (``fits_but_failed``) and the context is within n_ctx_train: no reduce-ctx (the
+      context is not what went wrong).
+    * ``max_ctx_fit`` is 0 (not even the smallest context fits, e.g. 256 cells per parallel slot): no reduce-ctx.
+    * Neither known: half the current context rounded down to a power of two, labelled as a starting point.
+
+    Without any basis for a number (no context size in the log or the command) the change carries no value and the
+    text says so (design.md: no invented numbers). The ``expected`` text gives the KV at the new context computed by
+    ``Situation.kv_at`` (kvreport.kvcache arithmetic) against the same budget ``max_ctx_fit`` used.
+    """
     s = b.s
     cur = s.n_ctx or s.n_ctx_requested
     if not cur:
@@ -169,33 +191,63 @@ def _reduce_ctx(b: _Builder, rank: float) -> None:
         return
     basis = " (per-token cost derived from the failed KV buffer)" if s.kv_basis == "failed_buffer" else ""
     fit = (s.max_ctx_fit or {}).get(_type_key(s.cache_type_k))
-    target = None
-    why_num = ""
-    if fit:
+    train = s.n_ctx_train if s.n_ctx_train and s.n_ctx_train > 0 else None
+    budget = s.kv_budget_mib if s.kv_budget_mib is not None else s.free_at_failure_mib
+    dev = s.failing_device or "the failing device"
+    if s.phase == "compute_buffer" and s.kv_budget_mib is not None:
+        room = f"the {_mib(budget)} MiB {dev} has for the KV once the {_mib(s.requested_mib)} MiB compute buffer fits"
+    else:
+        room = f"the {_mib(budget)} MiB left on {dev}"
+    if fit is not None and fit <= 0:
+        return  # no context fits (the minimum cells per sequence alone exceed the budget): other rules apply
+    if fit and fit < cur and not (train and cur > train and fit > train):
         target = fit
-        why_num = (f"the largest -c (a multiple of 256) whose KV fits the {_mib(s.free_at_failure_mib)} MiB left on "
-                   f"{s.failing_device}{basis}")
-    if target is None or target <= 0:
-        if s.n_ctx_train and cur > s.n_ctx_train:
-            target = s.n_ctx_train
-            why_num = f"the model's training context ({s.n_ctx_train})"
+        why_num = f"the largest -c (a multiple of 256) whose KV fits {room}{basis}"
+    elif train and cur > train:
+        target = train
+        why_num = "the model's training context (n_ctx_train)"
+        if fit:
+            why_num += (f"; up to {_tok(fit)} tokens would fit in memory ({room}), but a context above n_ctx_train "
+                        "needs RoPE scaling (--rope-scaling yarn) and may lose quality, so kvreport does not suggest one")
+            if fit >= cur:
+                why_num += ("; the current KV already fits, so this only makes the allocation that was refused "
+                            "smaller")
         else:
-            target = _pow2_below(cur // 2) if cur > 512 else None
-            why_num = ("half the current context, rounded to a power of two: a starting point, since the log does "
-                       "not show the free memory of the failing device")
-    if s.n_ctx_train and target and target > s.n_ctx_train and cur > s.n_ctx_train:
-        target = s.n_ctx_train
+            why_num += "; the log does not show the free memory of the failing device, so whether it fits is not known"
+    elif fit:
+        return  # the current context already fits: the context is not what failed
+    else:
+        target = _pow2_below(cur // 2) if cur > 512 else None
+        unknown = ("the KV cost per token is not known" if budget is not None
+                   else "the log does not show the free memory of the failing device")
+        why_num = f"half the current context, rounded down to a power of two: a starting point, since {unknown}"
     if not target or target >= cur:
         return
     kv_new = _kv(s, n_ctx=target)
     if kv_new is not None and s.kv_mib and kv_new >= s.kv_mib * 0.99:
         return  # the context is not what sizes this cache (e.g. 256 cells per slot already)
-    budget = f" of {_mib(s.free_at_failure_mib)} MiB free" if s.free_at_failure_mib is not None else ""
-    expected = (f"KV {_mib(kv_new)} MiB{budget} (now {_mib(s.kv_mib)} MiB at n_ctx {cur}){basis}" if kv_new is not None
-                else f"context {target} instead of {cur}")
+    expected = (f"KV {_mib(kv_new)} MiB{_of_budget(s, budget)} (now {_mib(s.kv_mib)} MiB at n_ctx {_tok(cur)}){basis}"
+                if kv_new is not None else f"context {_tok(target)} instead of {_tok(cur)}")
+    if fit and target == train and fit > target:
+        expected += f"; up to {_tok(fit)} tokens would fit"
     b.add(rank, "reduce-ctx", f"Lower the context to {target} tokens", _ctx_change(s, target), expected,
-          f"The KV cache grows linearly with the context; {target} is {why_num}. The number after -c is tokens, "
+          f"The KV cache grows linearly with the context; {_tok(target)} is {why_num}. The number after -c is tokens, "
           "not bytes, and the model's advertised maximum is not a promise that it fits (playbook step 1).")
+
+
+def _tok(n: int | None) -> str:
+    """A token count as text, with thousands separators (8,225,280)."""
+    return "?" if n is None else f"{int(n):,}"
+
+
+def _of_budget(s: Situation, budget: float | None) -> str:
+    """ " of Y MiB free" for an ``expected`` text: the KV budget of the failing device max_ctx_fit used."""
+    if budget is None:
+        return ""
+    what = "available for the KV" if s.phase == "compute_buffer" and s.kv_budget_mib is not None else "free"
+    if s.kv_share and s.kv_share < 0.999:
+        return f" in total, {s.kv_share:.0%} of it on {s.failing_device} within its {_mib(budget)} MiB {what}"
+    return f" of {_mib(budget)} MiB {what}"
 
 
 def _type_key(t: str | None) -> str:
@@ -229,7 +281,13 @@ def _quantize(b: _Builder, rank: float) -> None:
     else:
         change = {"--cache-type-k": "q8_0", "--cache-type-v": "q8_0", "--flash-attn": "on"}
     fit = (s.max_ctx_fit or {}).get("q8_0")
-    extra = f"; up to {fit} tokens would fit at q8_0" if fit else ""
+    extra = f"; up to {_tok(fit)} tokens would fit at q8_0" if fit else ""
+    budget = s.kv_budget_mib if s.kv_budget_mib is not None else s.free_at_failure_mib
+    if kv_new is not None and budget is not None and s.phase in ("kv_cache", "compute_buffer") \
+            and kv_new * (s.kv_share or 1.0) > budget:
+        # say so when q8_0 alone is not enough at this context (the numbers must not read as a fix)
+        extra = (f"; still more than the {_mib(budget)} MiB {s.failing_device or 'the device'} has for it at this "
+                 f"context, so combine it with a smaller context" + extra)
     b.add(rank, "quantize-kv-cache", "Store the KV cache as q8_0", change,
           (f"KV {_mib(kv_new)} MiB instead of {_mib(s.kv_mib)} MiB{extra}" if kv_new is not None
            else "about half the KV bytes of f16"),
@@ -330,11 +388,79 @@ def _alloc_limit(b: _Builder, rank: float) -> None:
 def _free_memory(b: _Builder, rank: float) -> None:
     s = b.s
     free = s.free_at_failure_mib if s.free_at_failure_mib is not None else s.free_mib
+    if s.verdict == "fits_but_failed" and s.requested_mib is not None and free is not None:
+        b.add(rank, "free-device-memory", f"Free memory on {s.failing_device or 'the device'}", {},
+              f"{_mib(s.requested_mib)} MiB needed and {_mib(free)} MiB were free when measured; memory taken since "
+              "(another process, another model) would explain the refusal",
+              "The free memory kvreport knows was measured before the failure; other processes may have taken it in "
+              "between. Check what runs on the device (nvidia-smi, rocm-smi) and run one model at a time.")
+        return
     b.add(rank, "free-device-memory", f"Free memory on {s.failing_device or 'the device'}", {},
           (f"{_mib(s.requested_mib)} MiB needed, {_mib(free)} MiB free" if s.requested_mib is not None and free is not None
            else f"{_mib(s.requested_mib)} MiB more must be free" if s.requested_mib is not None
            else "more free memory for the same configuration"),
           "Other processes (another model, a desktop, earlier runs) hold memory on this device; stop them or run one at a time.")
+
+
+def _is_host(s: Situation) -> bool:
+    """True when the failed buffer is in host memory (the CPU backend, or a ``<backend>_Host`` pinned buffer)."""
+    dev = s.failing_device or ""
+    return s.backend == "cpu" or dev.startswith("CPU") or dev.endswith("_Host")
+
+
+def _host_cap_failure(s: Situation) -> bool:
+    """A host buffer refused although it fits the RAM the log reported (verdict ``fits_but_failed``)."""
+    return s.verdict == "fits_but_failed" and _is_host(s)
+
+
+_ULIMIT = re.compile(r"ulimit\s+(?:-\w*\s+)*-(?:[a-zA-Z]*v)\s+(\d+)")
+
+
+def _command_text(s: Situation) -> str:
+    c = s.command or {}
+    if c.get("line"):
+        return str(c["line"])
+    return " ".join(str(a) for a in c.get("argv") or [])
+
+
+def _raise_memory_limit(b: _Builder, rank: float) -> None:
+    """raise-memory-limit: a host (CPU) allocation well under the host's RAM failed.
+
+    When ggml's CPU allocator (``ggml_aligned_malloc: insufficient memory``, ``ggml_backend_cpu_buffer_type_alloc_buffer:
+    failed to allocate buffer of size N``, ggml/src/ggml.c and ggml-backend.cpp) is refused a buffer far smaller than the
+    RAM the log reported (llama.cpp's device list ``CPU : ... (T MiB, F MiB free)`` or the fit's ``MiB of total host
+    memory``), the machine has the memory and the process may not use it: a per-process address-space limit
+    (``ulimit -v``, RLIMIT_AS — it counts mmap'd weights and every buffer), a cgroup/container limit
+    (``/sys/fs/cgroup/memory.max``, docker ``--memory``, Kubernetes limits), strict overcommit
+    (``vm.overcommit_memory = 2``) or, for pinned ``*_Host`` buffers, the locked-memory limit (``ulimit -l``); or other
+    processes took the RAM after it was measured. No engine flag changes that, so ``change`` is empty; when the command
+    itself sets ``ulimit -v N`` (KiB) the text names it. This is the first suggestion for that situation: the local
+    cases loc-21/23/26/41/56 are real llama.cpp runs under ``ulimit -v`` (their expected.json leave
+    ``top_suggestions_ok`` empty, so the ranking there is judged by this reasoning, not by a label). A regression
+    (bisect-regression) stays the suggestion for GPU backends whose request fits the device's free memory.
+    """
+    s = b.s
+    dev = s.failing_device or "CPU"
+    left = s.free_at_failure_mib
+    ram = s.free_mib if s.free_mib is not None else left
+    nums = f"{_mib(s.requested_mib)} MiB requested on {dev}"
+    if ram is not None:
+        nums += f"; the log reported {_mib(ram)} MiB of host memory free"
+        if left is not None and abs(left - ram) >= 1:
+            nums += f" ({_mib(left)} MiB left after the buffers already allocated)"
+    m = _ULIMIT.search(_command_text(s))
+    if m:
+        kib = int(m.group(1))
+        nums = (f"the command caps the process with ulimit -v {kib} ({_mib(kib / 1024)} MiB of address space for the "
+                f"whole process: program, weights, KV and compute buffers); " + nums)
+    pinned = " and `ulimit -l` (locked memory, which pinned host buffers use)" if dev.endswith("_Host") else ""
+    b.add(rank, "raise-memory-limit", "Raise the process's memory limit", {},
+          nums + "; without the cap the allocation fits",
+          f"A host allocation far smaller than the machine's RAM was refused, so the process is capped, not the machine: "
+          f"check `ulimit -v` (RLIMIT_AS counts every mapping, mmap'd weights included){pinned}, "
+          "`cat /sys/fs/cgroup/memory.max` (a container or cgroup limit: docker --memory, Kubernetes limits) and "
+          "`cat /proc/sys/vm/overcommit_memory` (2 = strict accounting), and whether other processes took the RAM; "
+          "raise or remove the limit (a smaller context or batch only hides it).")
 
 
 def _bisect(b: _Builder, rank: float) -> None:
@@ -346,13 +472,19 @@ def _bisect(b: _Builder, rank: float) -> None:
 
 
 def _smaller_model(b: _Builder, rank: float) -> None:
+    why = ("The weights were refused although they fit the free memory the log reported; a smaller model only helps "
+           "under the same limit." if b.s.verdict == "fits_but_failed"
+           else "The weights alone do not fit the memory available for them.")
     b.add(rank, "smaller-model-or-quant", "Use a smaller model or a smaller quantization", {},
-          "weights shrink with the quantization (e.g. Q4_K_M is about 60 % of Q8_0)",
-          "The weights alone do not fit the memory available for them.")
+          "weights shrink with the quantization (e.g. Q4_K_M is about 60 % of Q8_0)", why)
 
 
 def _llama_rules(b: _Builder) -> None:
     s = b.s
+    host_cap = _host_cap_failure(s)
+    if host_cap and (s.phase in ("kv_cache", "context", "compute_buffer", "model_weights")
+                     or (s.phase == "unknown" and s.has_memory_event)):
+        _raise_memory_limit(b, -1)
     if s.phase in ("kv_cache", "context"):
         inflated = (s.n_seq or 1) > 1 and s.kv_unified is False and s.n_ctx and s.n_ctx_requested \
             and s.n_ctx > s.n_ctx_requested * 1.25
@@ -370,11 +502,12 @@ def _llama_rules(b: _Builder) -> None:
         if not inflated and s.kv_unified is False and (s.n_seq or 1) > 1:
             _reduce_parallel(b, 2)
         _quantize(b, 3)
-        if s.verdict == "fits_but_failed":
+        if s.verdict == "fits_but_failed" and not host_cap:
             _bisect(b, 2.5)
         _headroom(b, 4)
         _rebalance(b, 5)
-        _free_memory(b, 6)
+        if not host_cap:
+            _free_memory(b, 6)
     elif s.phase == "compute_buffer":
         idx = _dev_index(s.failing_device)
         if s.alloc_limit or s.verdict == "exceeds_alloc_limit":
@@ -392,15 +525,17 @@ def _llama_rules(b: _Builder) -> None:
         _reduce_ctx(b, 2)
         if s.backend not in ("cpu",):
             _reduce_layers(b, 3)
-        if s.verdict == "fits_but_failed":
+        if s.verdict == "fits_but_failed" and not host_cap:
             _bisect(b, 4)
-        _free_memory(b, 5)
+        if not host_cap:
+            _free_memory(b, 5)
     elif s.phase == "model_weights":
         if s.backend not in ("cpu", "unknown") and not (s.failing_device or "").endswith("_Host"):
             _reduce_layers(b, 0, s.requested_mib)
             _rebalance(b, 2)
         _smaller_model(b, 1)
-        _free_memory(b, 3)
+        if not host_cap:
+            _free_memory(b, 3)
     elif s.phase == "unknown" and s.has_memory_event:
         if (s.n_ubatch or 0) >= 2048:
             _reduce_batch(b, 0)
