@@ -347,3 +347,90 @@ def test_with_changes_round_trip(line, flag, data):
             assert after["flags"][k] == v
     removed = parse_command(with_changes(before, {flag: None}))
     assert canon not in removed["flags"]
+
+
+# --- redaction placeholders are words, not redirections (QA #1) ----------------------------------
+
+# every placeholder kvreport.redact emits: fixed ones and the numbered <kind-N> ones
+_PLACEHOLDERS = ["<home>", "<user>", "<host>", "<token>", "<credentials>", "<ip-1>", "<ip-12>", "<email-1>",
+                 "<email-3>"]
+# (template, flag checked, the value it must have); {p} is the placeholder
+_POSITIONS = [
+    ("./llama-server -m {p}/m.gguf -c 131072 -ngl 99", "model", "{p}/m.gguf"),
+    ("./llama-server -m {p} -c 131072 -ngl 99", "model", "{p}"),
+    ("{p}/llama.cpp/build/bin/llama-server -m /m.gguf -c 131072 -ngl 99", "model", "/m.gguf"),
+    ("./llama-server -m /m.gguf --api-key {p} -c 131072 -ngl 99", "api_key", "{p}"),
+    ("./llama-server -m /m.gguf --api-key={p} -c 131072 -ngl 99", "api_key", "{p}"),
+    ("./llama-server -m /m.gguf -c 131072 --host {p} -ngl 99", "host", "{p}"),
+    ("./llama-server -m /m.gguf -c 131072 -ngl 99 --alias {p}", "alias", "{p}"),
+    ("./llama-server -m '{p}/a b.gguf' -c 131072 -ngl 99", "model", "{p}/a b.gguf"),
+    ('./llama-server -m "{p}/m.gguf" -c 131072 -ngl 99', "model", "{p}/m.gguf"),
+    ("HF_TOKEN={p} ./llama-server -m /m.gguf -c 131072 -ngl 99", "model", "/m.gguf"),
+    ("cd {p}/llama.cpp && ./llama-server -m /m.gguf -c 131072 -ngl 99", "model", "/m.gguf"),
+    ("./llama-server -m /m.gguf -c 131072 -ngl 99 > {p}/server.log 2>&1", "model", "/m.gguf"),
+    ("./llama-server -m /m.gguf -c 131072 -ngl 99 2>{p}/err.log | tee {p}/out", "model", "/m.gguf"),
+    ("timeout 60 bash -c './llama-server -m {p}/m.gguf -c 131072 -ngl 99 > {p}/log'", "model", "{p}/m.gguf"),
+    ("<user>@<host>:~$ ./llama-server -m {p}/m.gguf -c 131072 -ngl 99", "model", "{p}/m.gguf"),
+    ("./llama-server -m /m.gguf -c 131072 -ngl 99 -mu http://{p}@{p}:8080/m.gguf", "model_url",
+     "http://{p}@{p}:8080/m.gguf"),
+]
+
+
+@pytest.mark.parametrize("placeholder", _PLACEHOLDERS)
+@pytest.mark.parametrize("template,flag,value", _POSITIONS)
+def test_placeholders_are_words(placeholder, template, flag, value):
+    line = template.format(p=placeholder)
+    parsed = parse_command(line)
+    flags = parsed["flags"]
+    assert parsed["engine"] == "llama.cpp" and parsed["program"] == "llama-server", parsed
+    assert flags["n_ctx"] == 131072 and flags["n_gpu_layers"] == 99, flags
+    assert flags[flag] == value.format(p=placeholder), flags
+    assert "_positional" not in flags, flags
+    new = with_changes(parsed, {"--ctx-size": 45568})
+    reparsed = parse_command(new)
+    assert reparsed["flags"] == {**flags, "n_ctx": 45568}, (new, reparsed["flags"])
+    assert "131072" not in new and new.count("45568") == 1, new
+    assert "--ctx-size" not in new, new  # the user's -c kept, its value replaced
+    for word in parsed["engine_argv"]:  # no engine word lost
+        assert word == "131072" or word in new or shlex.quote(word) in new, (word, new)
+    if "HF_TOKEN" in line:
+        assert f"HF_TOKEN={placeholder}" in new
+
+
+def test_with_changes_reads_the_stored_words():
+    """A bundle's command was redacted word by word: its argv, not a re-lexed line, is rewritten."""
+    parsed = parse_command("./llama-server -m /m.gguf -c 131072 --api-key SECRET -ngl 99 > s.log 2>&1")
+    parsed["argv"] = [("<token>" if w == "SECRET" else w) for w in parsed["argv"]]
+    parsed["line"] = "something else entirely < > |"  # never re-read when argv is there
+    assert with_changes(parsed, {"-c": 4096}) == "./llama-server -m /m.gguf -c 4096 --api-key <token> -ngl 99"
+    argv_parsed = parse_command(["./llama-server", "-m", "<home>/m.gguf", "-c", "5", "--api-key", "<token>"])
+    assert argv_parsed["flags"]["model"] == "<home>/m.gguf"
+    assert with_changes(argv_parsed, {"-c": 8}) == "./llama-server -m <home>/m.gguf -c 8 --api-key <token>"
+
+
+def test_real_redirections_still_recognised():
+    parsed = parse_command("./llama-server -m m.gguf -c 4096 > server.log 2>&1 < /dev/null | tee out.txt")
+    assert parsed["engine_argv"] == ["./llama-server", "-m", "m.gguf", "-c", "4096"]
+    assert with_changes(parsed, {"-c": 8}) == "./llama-server -m m.gguf -c 8"
+    parsed = parse_command("./llama-server -m m.gguf -c 4096 >server.log 2>/dev/null")
+    assert parsed["engine_argv"] == ["./llama-server", "-m", "m.gguf", "-c", "4096"]
+
+
+def test_placeholder_quoting_in_rewritten_lines():
+    parsed = parse_command(["./llama-server", "-m", "<home>/my model.gguf", "-c", "5"])
+    new = with_changes(parsed, {"-c": 6})
+    assert new == "./llama-server -m '<home>/my model.gguf' -c 6"
+    assert parse_command(new)["flags"]["model"] == "<home>/my model.gguf"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(_PLACEHOLDERS + ["/", "x", ".gguf", "-", "_", ":", "@", "="]), min_size=1,
+                max_size=6))
+def test_any_placeholder_word_survives(parts):
+    word = "".join(parts)
+    if word.startswith("-"):
+        word = "v" + word
+    parsed = parse_command(["./llama-server", "-m", word, "-c", "5", "-ngl", "99"])
+    assert parsed["flags"]["model"] == word
+    new = with_changes(parsed, {"-c": 7})
+    assert parse_command(new)["flags"] == {**parsed["flags"], "n_ctx": 7}, new

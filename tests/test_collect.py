@@ -269,3 +269,50 @@ def test_bundle_diagnosis_equals_log_diagnosis(case, names):
     assert from_bundle["failure"] == from_full["failure"]
     assert from_bundle["memory"]["kv_required_mib"] == from_full["memory"]["kv_required_mib"]
     assert [s["id"] for s in from_bundle["suggestions"]] == [s["id"] for s in from_full["suggestions"]]
+
+
+# --- redaction, then parse, then suggestion: placeholders survive (QA #1) --------------------------
+
+_RAW_SECRETS = [
+    ("-m /home/alice/models/m.gguf", "-m <home>/models/m.gguf"),
+    ("--api-key sk-abcdefghijklmnopqrstuvwxyz0123", "--api-key <token>"),
+    ("--hf-token hf_abcdefghijklmnopqrstuvwxyzABCD", "--hf-token <token>"),
+    ("--host 192.168.7.23", "--host <ip-1>"),
+    ("--alias alice.smith@example.org", "--alias <email-1>"),
+    ("-mu https://bob:pa55word@gpubox.example.org/m.gguf", "<credentials>@"),
+    ("--alias gpubox", "--alias <host>"),
+    ("--alias alice", "--alias <user>"),
+]
+
+
+@pytest.mark.parametrize("raw,kept", _RAW_SECRETS, ids=[k for _r, k in _RAW_SECRETS])
+@pytest.mark.parametrize("where", ["middle", "end", "bash-c", "redirected"])
+def test_collect_suggestions_keep_redacted_words(raw, kept, where):
+    from kvreport.analyze import analyze
+    from kvreport.cmdline import parse_command
+    from kvreport.redact import Redactor
+
+    case = _case("loc-17-fail-huge-ctx-verbose")
+    core = {"middle": f"./llama-server {raw} -c 131072 -ngl 99",
+            "end": f"./llama-server -c 131072 -ngl 99 {raw}",
+            "bash-c": f"cd /home/alice && timeout 60 bash -c './llama-server {raw} -c 131072 -ngl 99'",
+            "redirected": f"./llama-server {raw} -c 131072 -ngl 99 > /home/alice/s.log 2>&1"}[where]
+    bundle = collect.build_bundle((case / "log.txt").read_text().splitlines(), core, None, 1.0,
+                                  probe_result={"host": {}, "devices": [], "probes": {}},
+                                  redactor=Redactor(user_names=["alice"], host_names=["gpubox"]))
+    text = json.dumps(bundle)
+    for secret in ("alice", "sk-abc", "hf_abc", "192.168.7.23", "pa55word", "gpubox"):
+        assert secret not in text
+    flags = bundle["command"]["flags"]
+    assert flags["n_ctx"] == 131072 and flags["n_gpu_layers"] == 99 and "_positional" not in flags, flags
+    diagnosis = analyze(bundle)
+    commands = [s["command"] for s in diagnosis["suggestions"] if s.get("command")]
+    assert commands, diagnosis["suggestions"]
+    for cmd in commands:
+        assert kept in cmd, cmd
+        again = parse_command(cmd)["flags"]
+        assert again["n_gpu_layers"] == 99 and "_positional" not in again, cmd
+        assert {k: v for k, v in again.items() if k not in ("n_ctx", "cache_type_k", "cache_type_v", "flash_attn",
+                                                                "n_parallel", "n_gpu_layers", "fit")} == \
+            {k: v for k, v in flags.items() if k not in ("n_ctx", "cache_type_k", "cache_type_v", "flash_attn",
+                                                          "n_parallel", "n_gpu_layers", "fit")}, cmd

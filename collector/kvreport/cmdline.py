@@ -466,7 +466,33 @@ def _basename(token: str) -> str:
 
 
 _PROMPT = re.compile(
-    r"^\s*(?:\(\S+\)\s*)?(?:\$|#|%|>|PS [^>\n]*>|[\w.-]+@[\w.-]+(?::[^\s$#]*)?[$#]|[\w.-]+:[^\s$#]*[$#])\s+")
+    r"^\s*(?:\(\S+\)\s*)?(?:\$|#|%|>|PS [^>\n]*>|(?:[\w.-]+|<user>)@(?:[\w.-]+|<host>)(?::[^\s$#]*)?[$#]"
+    r"|[\w.-]+:[^\s$#]*[$#])\s+")
+
+# Redaction placeholders (kvreport.redact: ``<home>``, ``<user>``, ``<host>``, ``<token>``,
+# ``<credentials>``, ``<ip-1>``, ``<email-2>``…) are ordinary words, never shell redirections: a
+# redacted line (``-m <home>/m.gguf --api-key <token>``) must parse as the line it was.
+PLACEHOLDER = re.compile(r"<[a-z][a-z_]*(?:-[a-z_]+)*(?:-\d+)?>")
+_SENTINEL = re.compile("\ue000(\\d+)\ue001")
+
+
+def _protect(text: str) -> tuple[str, list[str]]:
+    """``text`` with each placeholder replaced by a sentinel word of private-use characters."""
+    found: list[str] = []
+
+    def sub(m: re.Match) -> str:
+        found.append(m.group(0))
+        return f"\ue000{len(found) - 1}\ue001"
+
+    if "<" not in text:
+        return text, found
+    return PLACEHOLDER.sub(sub, text), found
+
+
+def _restore(token: str, found: list[str]) -> str:
+    if not found or "\ue000" not in token:
+        return token
+    return _SENTINEL.sub(lambda m: found[int(m.group(1))] if int(m.group(1)) < len(found) else m.group(0), token)
 
 
 def _clean_line(line: str) -> tuple[str, bool]:
@@ -486,12 +512,17 @@ def _clean_line(line: str) -> tuple[str, bool]:
     if windows:
         text = re.sub(r"\\[ \t]*\n(?=\s*-)", " ", text)
     # fd numbers glued to a redirection (2>&1, 2>/dev/null): drop the number so it is no argument.
-    text = re.sub(r"(?<=\s)\d+(?=>|<)", "", text)
+    text = re.sub(r"(?<=\s)\d+(?=>|<(?![a-z][a-z_-]*(?:-\d+)?>))", "", text)
     return text, windows
 
 
 def _split(text: str, windows: bool) -> list[str]:
-    """Shell words and operators (&&, ||, ;, |, &, newline); quotes removed."""
+    """Shell words and operators (&&, ||, ;, |, &, newline); quotes removed; placeholders are words."""
+    text, found = _protect(text)
+    return [_restore(t, found) for t in _split_words(text, windows)]
+
+
+def _split_words(text: str, windows: bool) -> list[str]:
     if windows:
         out = []
         for tok in re.findall(r'"[^"]*"?|\'[^\']*\'?|&&|\|\||[;|&\n]|[^\s;|&"\']+(?:"[^"]*"?)?', text):
@@ -1165,6 +1196,16 @@ def _fmt(value: Any) -> str:
 
 
 def _quote(token: str) -> str:
+    """shlex quoting, except that redaction placeholders stay readable (``-m <home>/m.gguf``).
+
+    A word whose only characters needing quotes are those of its placeholders is written bare:
+    the reader must replace ``<home>`` / ``<token>`` anyway, and :func:`parse_command` reads such a
+    word back as one word.
+    """
+    if "<" in token:
+        rest = PLACEHOLDER.sub("x", token)
+        if rest and shlex.quote(rest) == rest:
+            return token
     return shlex.quote(token)
 
 
@@ -1232,10 +1273,30 @@ def _remove_py(args: list[str], engine: str | None, key: str) -> tuple[list[str]
     return out, first, used, used_eq
 
 
+def _found_of(command: dict) -> _Found | None:
+    """The engine invocation of a parsed command, from its stored words (no re-lexing of words)."""
+    argv = command.get("argv")
+    if isinstance(argv, (list, tuple)) and argv:
+        words = [str(a) for a in argv]
+        line = command.get("line")
+        if isinstance(line, str) and line == shlex.join(words):
+            found = _best([words])[0]  # an argv given as a list (kvreport run)
+        else:
+            found = _best(_segments(words))[0]  # the shell words of a line, operators kept as words
+        if found is not None:
+            return found
+    line = command.get("line")
+    if isinstance(line, str) and line:
+        return _analyse(line)[1]
+    return None
+
+
 def with_changes(command: dict, changes: dict[str, object]) -> str:
     """The engine part of ``command`` (keeping its env prefixes) with ``changes`` applied, as a line.
 
-    ``command`` is a :func:`parse_command` result (its ``line``, else its ``argv``, is re-read).
+    ``command`` is a :func:`parse_command` result: its ``argv`` (the shell words, as stored, e.g.
+    redacted word by word in a bundle) is re-read without lexing it again, so no word is lost; the
+    ``line`` only when there is no argv, and ``engine_argv`` when neither finds the engine.
     Each key of ``changes`` is a flag as a suggestion spells it (``"--ctx-size"``, ``"-ngl"``,
     ``"--flash-attn"``, ``"--gpu-memory-utilization"``) or an environment variable
     (``"OLLAMA_CONTEXT_LENGTH"``). An existing occurrence under any alias or ``--flag=value`` form is
@@ -1243,8 +1304,7 @@ def with_changes(command: dict, changes: dict[str, object]) -> str:
     bare flag, False the negative form where one exists (``--no-kv-unified``). Words are quoted with
     :func:`shlex.quote`.
     """
-    source = command.get("line") or command.get("argv") or []
-    _result, found = _analyse(source) if source else (None, None)
+    found = _found_of(command)
     if found is None:
         found = _Found()
         engine_tokens = list(command.get("engine_argv") or [])
@@ -1324,7 +1384,7 @@ def _to_kobold(name: str, value: Any) -> tuple[str | None, Any]:
 
 def _quote_assign(assign: str) -> str:
     name, _, value = assign.partition("=")
-    return f"{name}={shlex.quote(value)}" if value else f"{name}="
+    return f"{name}={_quote(value)}" if value else f"{name}="
 
 
 def _render_opt(opt: _Opt, spelled: str, value: Any, used_eq: bool, bare_alias: bool) -> list[str]:
