@@ -33,12 +33,20 @@ def _digest(token: str) -> str:
 
 
 def new_token(session: Session, name: str, scope: str = "upload") -> str:
-    """Create a token row and return the token text (shown once; only its digest is stored)."""
+    """Create a token row and return the token text (shown once; only its digest is stored).
+
+    Names are unique among active tokens (``revoke-token NAME`` revokes exactly one): a name that
+    an active token already has raises ``ValueError``; a revoked token's name can be reused.
+    """
     if scope not in SCOPE_RANK:
         raise ValueError(f"unknown scope {scope!r} (upload, write or admin)")
     name = name.strip()
     if not name or len(name) > 100:
         raise ValueError("a token name is 1 to 100 characters")
+    active = select(ApiToken.id).where(ApiToken.name == name, ApiToken.revoked_at.is_(None))
+    if session.execute(active).first() is not None:
+        raise ValueError(f"an active token named {name!r} exists; revoke it first "
+                         f"(kvreport admin revoke-token {name}) or choose another name")
     while True:
         prefix = secrets.token_hex(4)
         if session.execute(select(ApiToken.id).where(ApiToken.prefix == prefix)).first() is None:

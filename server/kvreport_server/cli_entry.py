@@ -28,6 +28,7 @@ def _migrated(database_url: str | None) -> str:
     from kvreport_server import migrate
 
     url = resolve_database_url(database_url)
+    _check_url(url)
     try:
         migrate.upgrade(url)
     except FileNotFoundError as exc:
@@ -36,6 +37,34 @@ def _migrated(database_url: str | None) -> str:
         raise RuntimeError(f"cannot prepare the database {_safe_url(url)}: {type(exc).__name__}: "
                            f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
     return url
+
+
+def _check_url(url: str) -> None:
+    """Refuse, in one line, a URL that is not SQLite or PostgreSQL, or a SQLite file whose folder
+    is missing or not writable (raises ``RuntimeError``)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise RuntimeError(f"{url!r} is not a database URL (use sqlite:///PATH or "
+                           "postgresql://USER@HOST:PORT/DB)") from None
+    backend = parsed.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise RuntimeError(f"unsupported database {backend!r} in {_safe_url(url)} (use sqlite:///PATH or "
+                           "postgresql://USER@HOST:PORT/DB)")
+    if backend == "sqlite" and (not parsed.database or parsed.database == ":memory:"):
+        raise RuntimeError("an in-memory SQLite database is lost between connections; "
+                           "give a file: sqlite:///PATH")
+    if backend == "sqlite" and not parsed.database.startswith("file:"):
+        path = Path(parsed.database).expanduser()
+        folder = path.parent if str(path.parent) else Path(".")
+        if not folder.is_dir():
+            raise RuntimeError(f"cannot create the SQLite database {path}: folder {folder} does not exist")
+        target = path if path.exists() else folder
+        if not os.access(target, os.W_OK):
+            raise RuntimeError(f"cannot write the SQLite database {path}: {target} is not writable")
 
 
 def _safe_url(url: str) -> str:
@@ -113,13 +142,15 @@ def serve(host: str, port: int, database_url: str | None, demo: bool = False, th
         stored, skipped = load_examples(app.extensions["kvreport_db"])
         _note(f"kvreport: demo: {stored} example bundle(s) stored"
               + (f", {skipped} skipped" if skipped else "") + f" from {examples_dir()}")
-    from waitress import create_server
+    from kvreport_server.waitress_server import create_server
 
     try:
-        server = create_server(app, host=host, port=port, threads=threads, ident="kvreport",
-                               max_request_body_size=int(app.config["MAX_BODY_BYTES"]) + 65536)
+        server = create_server(app, host=host, port=port, threads=threads)
     except OSError as exc:
         return _err(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+    except ValueError:
+        return _err(f"cannot listen on {host}:{port}: {host!r} is not a host name or IP address "
+                    "this machine can resolve (try --host 127.0.0.1 or --host 0.0.0.0)")
     real_port = server.effective_port
     _note(f"kvreport: serving on http://{host}:{real_port}/ (database {_safe_url(url)}); Ctrl+C stops")
     sys.stderr.flush()

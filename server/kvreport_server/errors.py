@@ -113,7 +113,11 @@ def register_error_handlers(app: Flask) -> None:
             headers["Retry-After"] = retry or "60"
             message = f"rate limit exceeded ({limit.limit if limit else exc.description})"
         elif status == 413:
-            message = "request body too large"
+            from flask import current_app
+
+            limit = int(current_app.config.get("MAX_BODY_BYTES") or 0)
+            message = f"request body exceeds the limit of {limit} bytes (KVREPORT_MAX_BODY_BYTES)"
+            return _respond(413, error_body("too_large", message, limit=limit))
         else:
             message = exc.description or exc.name
         valid = getattr(exc, "valid_methods", None)

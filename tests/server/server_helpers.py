@@ -147,3 +147,39 @@ def scan(db) -> dict:
 def assert_consistent(db):
     result = scan(db)
     assert result is True, result
+
+
+def post_big(base: str, size: int, token: str, chunked: bool = False, path: str = "/api/v1/bundles"):
+    """POST ``size`` bytes of filler to ``base + path`` (Content-Length, or chunked), going on
+    after the server has answered; returns (status, Content-Type, parsed JSON body or text)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(base)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=60)
+    try:
+        conn.putrequest("POST", path)
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Authorization", f"Bearer {token}")
+        conn.putheader("Transfer-Encoding" if chunked else "Content-Length", "chunked" if chunked else str(size))
+        conn.endheaders()
+        block = b"x" * 2**20
+        sent = 0
+        try:
+            while sent < size:
+                n = min(len(block), size - sent)
+                conn.send(b"%x\r\n%s\r\n" % (n, block[:n]) if chunked else block[:n])
+                sent += n
+            if chunked:
+                conn.send(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed before the whole body was sent
+        resp = conn.getresponse()
+        text = resp.read().decode("utf-8", "replace")
+        try:
+            body = json.loads(text)
+        except ValueError:
+            body = text
+        return resp.status, resp.getheader("Content-Type"), body
+    finally:
+        conn.close()

@@ -38,6 +38,44 @@ def test_create_and_revoke_token(db_url):
         db.dispose()
 
 
+def test_a_name_belongs_to_one_active_token(db_url):
+    first = invoke("admin", "create-token", "qa1", "--database-url", db_url)
+    assert first.exit_code == 0
+    dup = invoke("admin", "create-token", "qa1", "--scope", "admin", "--database-url", db_url)
+    assert dup.exit_code == 2 and dup.stdout == ""
+    assert dup.stderr.count("\n") == 1 and "active token named 'qa1'" in dup.stderr
+    revoked = invoke("admin", "revoke-token", "qa1", "--database-url", db_url)
+    assert revoked.exit_code == 0 and "revoked 1 token(s)" in revoked.stderr
+    again = invoke("admin", "create-token", "qa1", "--database-url", db_url)
+    assert again.exit_code == 0 and again.stdout.strip() != first.stdout.strip()
+    db = Database(db_url)
+    try:
+        with db.Session() as s:
+            assert auth.lookup_token(s, first.stdout.strip()) is None
+            assert auth.lookup_token(s, again.stdout.strip()).name == "qa1"
+    finally:
+        db.dispose()
+
+
+def test_bad_database_urls_are_one_line(tmp_path):
+    for url, words in [("mysql://u@h/db", "unsupported database 'mysql'"),
+                       ("not a url", "is not a database URL"),
+                       ("sqlite://", "in-memory"),
+                       (f"sqlite:///{tmp_path}/missing/k.sqlite3", "does not exist")]:
+        for args in (["admin", "create-token", "x"], ["serve", "--port", "0"]):
+            r = invoke(*args, "--database-url", url)
+            assert r.exit_code == 2, (url, r.output)
+            assert r.stderr.count("\n") == 1 and words in r.stderr, (url, r.stderr)
+
+
+def test_bad_host_is_one_line(tmp_path):
+    url = f"sqlite:///{tmp_path}/k.sqlite3"
+    for host in ("999.1.1.1", "no-such-host.invalid"):
+        r = invoke("serve", "--host", host, "--port", "0", "--database-url", url)
+        assert r.exit_code == 2, r.output
+        assert r.stderr.count("\n") == 1 and f"'{host}'" in r.stderr and "internal" not in r.stderr
+
+
 def test_bad_inputs_are_one_line(db_url):
     r = invoke("admin", "create-token", "", "--database-url", db_url)
     assert r.exit_code == 2 and r.stderr.startswith("kvreport: error:") and "Traceback" not in r.output

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from server_helpers import FAILURE_CASES, SHARED_CASES, bundle_from_case
+from server_helpers import FAILURE_CASES, SHARED_CASES, bundle_from_case, post_big
 
 KVREPORT = [sys.executable, "-m", "kvreport.cli"]
 
@@ -155,3 +155,54 @@ def test_known_fix_reaches_the_cli(server, tmp_path):
     up = run(["upload", str(path), "--server", base, "--token", upload_token], env)
     assert up.returncode == 0, up.stderr
     assert fix in up.stdout and "issues/1" in up.stdout
+
+
+LIMIT = 5 * 2**20  # KVREPORT_MAX_BODY_BYTES default
+
+
+def _assert_json_413(answer):
+    status, ctype, body = answer
+    assert status == 413 and ctype.startswith("application/json"), answer[:2]
+    assert isinstance(body, dict), body
+    err = body["error"]
+    assert err["code"] == "too_large" and err["limit"] == LIMIT and str(LIMIT) in err["message"]
+
+
+def test_oversize_bodies_get_the_json_413(server):
+    """60 MB over waitress's hard cap, 7 MB under it (the app answers), chunked or not: JSON 413."""
+    base, env = server
+    token = run(["admin", "create-token", "big", "--database-url", env["KVREPORT_DATABASE_URL"]], env).stdout.strip()
+    for size, chunked in [(60_000_000, False), (60_000_000, True), (7_000_000, False), (7_000_000, True)]:
+        _assert_json_413(post_big(base, size, token, chunked=chunked))
+    assert requests.get(base + "/healthz", timeout=5).status_code == 200
+
+
+def test_oversize_body_under_gunicorn(tmp_path):
+    """gunicorn has no body cap of its own: the app's streaming limit answers the JSON 413."""
+    url = f"sqlite:///{tmp_path}/g.sqlite3"
+    env = {**os.environ, "KVREPORT_DATABASE_URL": url, "KVREPORT_LOG_REQUESTS": "0", "KVREPORT_SECRET_KEY": "g",
+           "HOME": str(tmp_path)}
+    token = run(["admin", "create-token", "g"], env).stdout.strip()
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "--workers", "1", "--threads", "2",
+                             "--bind", f"127.0.0.1:{port}", "kvreport_server:create_app()"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                if requests.get(base + "/healthz", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert proc.poll() is None and time.time() < deadline, "gunicorn did not start"
+            time.sleep(0.2)
+        for size, chunked in [(60_000_000, False), (60_000_000, True), (7_000_000, False)]:
+            _assert_json_413(post_big(base, size, token, chunked=chunked))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
