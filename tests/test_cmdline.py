@@ -434,3 +434,43 @@ def test_any_placeholder_word_survives(parts):
     assert parsed["flags"]["model"] == word
     new = with_changes(parsed, {"-c": 7})
     assert parse_command(new)["flags"] == {**parsed["flags"], "n_ctx": 7}, new
+
+
+# --- memory limits set in the line (QA #7) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("line,limits", [
+    ("cd /opt/llama.cpp/bin && timeout 120 bash -c 'ulimit -v 600000; exec ./llama-server -m m.gguf -c 65536'",
+     {"address_space_limit_kib": 600000}),
+    ("ulimit -v 800000 && ./llama-server -c 5", {"address_space_limit_kib": 800000}),
+    ("ulimit -Sv 800000; ./llama-server -c 5", {"address_space_limit_kib": 800000}),
+    ("ulimit -v600000; ./llama-server -c 5", {"address_space_limit_kib": 600000}),
+    ("ulimit -H -v 700000 -m 9000; ./llama-server -c 5",
+     {"address_space_limit_kib": 700000, "resident_set_limit_kib": 9000}),
+    ("ulimit -v 900000; ulimit -v 500000; ./llama-server -c 5", {"address_space_limit_kib": 500000}),
+    ("ulimit -d 400000 && ulimit -l 64 && ./llama-server -c 5", {"data_limit_kib": 400000,
+                                                               "locked_memory_limit_kib": 64}),
+    ("(ulimit -v 600000; exec ./llama-server -c 5) > log 2>&1", {"address_space_limit_kib": 600000}),
+    ("prlimit --as=1073741824 ./llama-server -c 5", {"address_space_limit_kib": 1048576}),
+    ("docker run --gpus all -m 4g ghcr.io/ggml-org/llama.cpp:server -c 5", {"container_memory_limit_mib": 4096.0}),
+    ("docker run --memory=512m vllm/vllm-openai --max-model-len 5", {"container_memory_limit_mib": 512.0}),
+])
+def test_memory_limits_in_the_line(line, limits):
+    parsed = parse_command(line)
+    assert parsed["engine"] in ("llama.cpp", "vllm") and parsed["limits"] == limits, parsed
+
+
+@pytest.mark.parametrize("line", [
+    "./llama-server -c 5", "ulimit -v unlimited; ./llama-server -c 5", "ulimit -a && ./llama-server -c 5",
+    "./llama-server -c 5; ulimit -v 5", "ulimit -c 0 && ./llama-server -c 5",
+])
+def test_no_memory_limits(line):
+    assert "limits" not in parse_command(line)
+
+
+def test_ulimit_cases():
+    for name, kib in (("loc-21-fail-ulimit-kv-600000", 600000), ("loc-41-neg-ulimit-weights-buffer-no-mmap-150000",
+                                                                150000)):
+        path = SHARED_CASES / name / "command.txt"
+        if path.is_file():
+            assert parse_command(path.read_text())["limits"] == {"address_space_limit_kib": kib}

@@ -451,3 +451,51 @@ def test_json_parsers_take_any_json(value):
         except _util.ProbeFailed:
             pass
     assert isinstance(ollama.parse_ps(value), list)
+
+
+# --- host memory limits (QA #7) --------------------------------------------------------------------
+
+
+def test_cgroup_v2_limit_of_own_group(tmp_path):
+    from kvreport.probes import host
+
+    group = tmp_path / "system.slice" / "llm.service"
+    group.mkdir(parents=True)
+    (group / "memory.max").write_text("4294967296\n")
+    (tmp_path / "memory.max").write_text("max\n")
+    assert host.cgroup_memory_limit_mib(str(tmp_path), "0::/system.slice/llm.service\n") == 4096.0
+    assert host.cgroup_memory_limit_mib(str(tmp_path), "0::/\n") is None  # root: "max"
+    (tmp_path / "memory.max").write_text("1073741824\n")  # inside a container: its own root
+    assert host.cgroup_memory_limit_mib(str(tmp_path), "0::/\n") == 1024.0
+
+
+def test_cgroup_v1_limit(tmp_path):
+    from kvreport.probes import host
+
+    mem = tmp_path / "memory"
+    mem.mkdir()
+    (mem / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1 "no limit"
+    v1 = "4:memory:/\n1:cpu:/\n0::/\n"
+    assert host.cgroup_memory_limit_mib(str(tmp_path), v1) is None
+    (mem / "memory.limit_in_bytes").write_text("2147483648\n")
+    assert host.cgroup_memory_limit_mib(str(tmp_path), v1) == 2048.0
+    assert host.cgroup_memory_limit_mib(str(tmp_path / "nothing"), v1) is None
+
+
+def test_rlimits_recorded_by_the_host_probe(monkeypatch):
+    import resource
+
+    from kvreport.probes import host
+
+    limits = {resource.RLIMIT_AS: (600000 * 1024, resource.RLIM_INFINITY),
+              resource.RLIMIT_DATA: (resource.RLIM_INFINITY, resource.RLIM_INFINITY)}
+    monkeypatch.setattr(resource, "getrlimit", lambda which: limits.get(which, (resource.RLIM_INFINITY,) * 2))
+    monkeypatch.setattr(host, "cgroup_memory_limit_mib", lambda *a, **k: 3072.0)
+    facts = host.probe()["host"]
+    assert facts["address_space_limit_mib"] == 585.94 and "data_limit_mib" not in facts
+    if sys.platform.startswith("linux"):
+        assert facts["memory_limit_mib"] == 3072.0
+    from kvreport.bundle import new_bundle_id, validate_bundle  # the keys pass the bundle schema
+
+    validate_bundle({"schema": "kvreport/bundle@1", "id": new_bundle_id(), "created_at": "2026-01-01T00:00:00Z",
+                     "host": facts})

@@ -15,7 +15,10 @@ Shape (every key of a section is optional unless marked required)::
     created_at    str, required, UTC ISO 8601 ("2026-11-30T01:02:03Z")
     collector     {"name": "kvreport", "version": str}
     host          {os, os_release, kernel, machine, cpu_model, cpu_cores_physical, cpu_cores_logical,
-                   ram_total_mib, ram_free_mib, swap_total_mib, swap_free_mib, container, wsl}
+                   ram_total_mib, ram_free_mib, swap_total_mib, swap_free_mib, container, wsl,
+                   memory_limit_mib (cgroup memory.max / v1 memory.limit_in_bytes of the collector's
+                   own cgroup; absent = none), address_space_limit_mib (the collector's RLIMIT_AS,
+                   `ulimit -v`; absent = unlimited), data_limit_mib (RLIMIT_DATA, `ulimit -d`)}
     devices       [{backend, index, name, total_mib, free_mib, used_mib, driver_version,
                     cuda_driver_version, compute_capability, uuid, pci_bus_id, source,
                     max_alloc_mib, processes: [{name, used_mib}]}]
@@ -23,7 +26,11 @@ Shape (every key of a section is optional unless marked required)::
     engine        {name, version, build_number, commit, compiler, target, binary, binary_realpath,
                    version_output, list_devices_output, list_devices: [{name, description, total_mib, free_mib}]}
     command       {line: str (as typed, redacted), argv: [str], engine_argv: [str], program: str,
-                   flags: {canonical flag name: value}, env: {name: value}}
+                   flags: {canonical flag name: value}, env: {name: value},
+                   limits: {address_space_limit_kib (`ulimit -v N` / `prlimit --as` before the engine,
+                   KiB), data_limit_kib (`ulimit -d`, KiB), resident_set_limit_kib (`ulimit -m`, KiB,
+                   not enforced by Linux), locked_memory_limit_kib (`ulimit -l`, KiB),
+                   container_memory_limit_mib (`docker run -m/--memory`, MiB)}; only keys that are set}
     model         {path, file_name, size_bytes, gguf: {metadata key: value}, error}
     log           {line_count: int, truncated: bool, source: str, lines: [[line number (1-based), text]]}
     memory_before_launch  [{device, name, backend, free_mib, total_mib, source}]

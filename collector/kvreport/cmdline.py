@@ -579,6 +579,7 @@ class _Found:
         self.engine: str | None = None
         self.style: str | None = None  # "llama" | "py" | "ollama" | None
         self.assign_tokens: list[str] = []
+        self.limits: dict[str, float] = {}
 
 
 _WRAPPER_VALUE_OPTS = {
@@ -603,6 +604,7 @@ _WRAPPER_VALUE_OPTS = {
     "exec": {"-a"}, "command": set(), "builtin": set(), "caffeinate": set(), "strace": {"-o", "-e", "-p"},
     "valgrind": set(), "watch": {"-n"}, "systemd-run": {"-p", "--unit", "-u"}, "doas": {"-u"},
     "runuser": {"-u", "-g"}, "firejail": set(), "flatpak-spawn": set(), "wsl": {"-d", "-u", "-e"},
+    "prlimit": {"-p", "--pid", "-o", "--output"},
 }
 _DOCKER_VALUE_OPTS = {
     "-e", "--env", "-v", "--volume", "-p", "--publish", "--name", "--gpus", "--device", "-w", "--workdir",
@@ -641,6 +643,49 @@ def _take_env_assignments(seg: list[str], i: int, found: _Found) -> int:
     return i
 
 
+# `ulimit` options (bash builtin, values in KiB; POSIX sh/dash the same letters) -> limits keys.
+# -v: RLIMIT_AS (address space), -d: RLIMIT_DATA, -m: RLIMIT_RSS (not enforced by Linux since 2.6),
+# -l: RLIMIT_MEMLOCK (pinned memory: CUDA/ROCm host buffers, --mlock).
+_ULIMIT_KEYS = {"v": "address_space_limit_kib", "d": "data_limit_kib", "m": "resident_set_limit_kib",
+                "l": "locked_memory_limit_kib"}
+
+
+def _merge_limits(into: dict[str, float], new: dict[str, float]) -> dict[str, float]:
+    """The stricter (smaller) of two limits sets, key by key."""
+    for key, value in new.items():
+        into[key] = min(into[key], value) if key in into else value
+    return into
+
+
+def _ulimit(seg: list[str]) -> dict[str, float]:
+    """The memory limits a ``ulimit`` command sets (``ulimit -v 600000``, ``ulimit -Sv 600000``,
+    ``ulimit -H -m 8000000``, ``ulimit -v600000``), in KiB as ``ulimit`` takes them; ``unlimited``,
+    ``hard``, ``soft`` and queries (no value) set nothing."""
+    out: dict[str, float] = {}
+    letter: str | None = None
+    for tok in seg[1:]:
+        m = re.fullmatch(r"-([A-Za-z]+?)(\d+)?", tok)
+        if m:
+            letters = m.group(1).replace("S", "").replace("H", "")
+            letter = letters[-1] if letters else letter
+            if m.group(2) and letter in _ULIMIT_KEYS:
+                _merge_limits(out, {_ULIMIT_KEYS[letter]: int(m.group(2))})
+            continue
+        if re.fullmatch(r"\d+", tok) and letter in _ULIMIT_KEYS:
+            _merge_limits(out, {_ULIMIT_KEYS[letter]: int(tok)})
+        letter = None if not tok.startswith("-") else letter
+    return out
+
+
+def _size_bytes(text: str, default_unit: str = "b") -> float | None:
+    """``4g`` / ``512m`` / ``1073741824`` / ``2GiB`` as bytes (docker --memory, prlimit, systemd sizes: binary)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)(?:i?b)?\s*", text, re.I)
+    if not m:
+        return None
+    unit = (m.group(2) or default_unit).lower()
+    return float(m.group(1)) * {"b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[unit]
+
+
 def _locate(seg: list[str], depth: int = 0) -> _Found | None:
     """Find the engine invocation in one shell segment (or an argv); None when it is shell noise."""
     found = _Found()
@@ -658,6 +703,13 @@ def _locate(seg: list[str], depth: int = 0) -> _Found | None:
                 opt = seg[i]
                 seen.append(opt)
                 i += 1
+                if name == "prlimit" and (opt.startswith("--as=") or opt.startswith("--data=")):
+                    # prlimit --as=SOFT[:HARD] in bytes
+                    vals = [_size_bytes(v) for v in opt.split("=", 1)[1].split(":") if v.strip()]
+                    vals = [v for v in vals if v is not None]
+                    if vals:
+                        key = "address_space_limit_kib" if opt.startswith("--as=") else "data_limit_kib"
+                        _merge_limits(found.limits, {key: int(min(vals) // 1024)})
                 if opt in opts and "=" not in opt and i < len(seg):
                     i += 1
                 if name == "env" and opt == "-S" and i < len(seg):
@@ -685,6 +737,7 @@ def _locate(seg: list[str], depth: int = 0) -> _Found | None:
                     inner = _find_in_text(rest[j + 1], depth + 1)
                     if inner is not None:
                         inner.env = {**found.env, **inner.env}
+                        inner.limits = _merge_limits(dict(found.limits), inner.limits)
                         return inner
                     return None
             if rest and not rest[0].startswith("-") and depth < 4:  # bash script.sh
@@ -722,6 +775,10 @@ def _locate_docker(seg: list[str], i: int, found: _Found) -> _Found | None:
         if key in ("-e", "--env") and "=" in val:
             name, _, value = val.partition("=")
             found.env[name] = value
+        if key in ("-m", "--memory"):  # docker run --memory 4g: the container's cgroup memory limit
+            size = _size_bytes(val)
+            if size:
+                _merge_limits(found.limits, {"container_memory_limit_mib": round(size / 2**20, 2)})
     if i >= len(seg):
         return None
     image = seg[i]
@@ -731,6 +788,7 @@ def _locate_docker(seg: list[str], i: int, found: _Found) -> _Found | None:
         inner = _locate(rest, 1)
         if inner is not None and inner.engine is not None:
             inner.env = {**found.env, **inner.env}
+            inner.limits = _merge_limits(dict(found.limits), inner.limits)
             inner.prefix = found.prefix + [image] + inner.prefix
             return inner
     engine, prog, style = _image_engine(image)
@@ -839,8 +897,12 @@ def _find_in_text(text: str, depth: int = 0) -> _Found | None:
 
 def _best(segments: list[list[str]], depth: int = 0) -> tuple[_Found | None, dict[str, str]]:
     exported: dict[str, str] = {}
+    limits: dict[str, float] = {}  # set by `ulimit` segments before the engine's
     first: _Found | None = None
     for seg in segments:
+        if seg and seg[0] in ("ulimit", "builtin") and (seg[0] == "ulimit" or seg[1:2] == ["ulimit"]):
+            _merge_limits(limits, _ulimit(seg[1:] if seg[0] == "builtin" else seg))
+            continue
         if seg and seg[0] == "export":
             for t in seg[1:]:
                 if _ASSIGN.match(t):
@@ -862,11 +924,13 @@ def _best(segments: list[list[str]], depth: int = 0) -> tuple[_Found | None, dic
             continue
         if found.engine is not None:
             found.env = {**exported, **found.env}
+            found.limits = _merge_limits(dict(limits), found.limits)
             return found, exported
         if first is None:
             first = found
     if first is not None:
         first.env = {**exported, **first.env}
+        first.limits = _merge_limits(dict(limits), first.limits)
     return first, exported
 
 
@@ -1147,6 +1211,8 @@ def _analyse(line_or_argv: str | list[str] | tuple[str, ...]) -> tuple[dict, _Fo
         "flags": flags,
         "env": {k: v for k, v in env.items() if _PLACEMENT_ENV.match(k) or _SECRET_ENV.search(k)},
     })
+    if found.limits:
+        result["limits"] = dict(found.limits)
     return result, found
 
 
@@ -1168,6 +1234,15 @@ def parse_command(line_or_argv: str | list[str] | tuple[str, ...] | None) -> dic
     as in ``common/arg.cpp``). ``env`` holds the placement-relevant variables set in the line
     (``CUDA_VISIBLE_DEVICES``, ``GGML_*``, ``OLLAMA_*``…) and any secret-looking ones so that
     redaction sees them.
+
+    ``limits`` (present only when the line sets one) holds the memory limits the engine runs
+    under, the strictest when set twice: ``address_space_limit_kib`` (``ulimit -v`` / ``prlimit
+    --as``: RLIMIT_AS, KiB), ``data_limit_kib`` (``ulimit -d``: RLIMIT_DATA, KiB),
+    ``resident_set_limit_kib`` (``ulimit -m``: RLIMIT_RSS, KiB, not enforced by Linux),
+    ``locked_memory_limit_kib`` (``ulimit -l``: RLIMIT_MEMLOCK, KiB) and
+    ``container_memory_limit_mib`` (``docker run -m/--memory``, MiB). A ``ulimit`` counts when it
+    runs before the engine in the same shell: ``ulimit -v N && ./llama-server …``,
+    ``bash -c 'ulimit -v N; exec ./llama-server …'``.
     """
     try:
         return _analyse(line_or_argv)[0]
