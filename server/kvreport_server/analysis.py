@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 
 log = logging.getLogger("kvreport_server")
 
@@ -169,17 +170,41 @@ def _n_ctx(bundle: dict, diagnosis: dict) -> int | None:
     return None
 
 
+_BUILD_VERSION = re.compile(r"^b(\d{1,7})$")
+
+
+def build_number_of(engine: dict) -> int | None:
+    """The engine's build number: ``engine.build_number``, else a llama.cpp-style version ``b6895``.
+
+    Both are filled by the collector from ``--version`` output or, with ``"version_source": "log"``,
+    from the log's ``build: 6895 (4341dc8bc)`` line (llama.cpp common/common.cpp prints it at start).
+    """
+    build = _int_or_none(engine.get("build_number"), 0)
+    if build is None and isinstance(engine.get("version"), str):
+        m = _BUILD_VERSION.match(engine["version"].strip())
+        build = int(m.group(1)) if m else None
+    return build
+
+
+def is_gpu(device: dict) -> bool:
+    """True for an accelerator entry of ``bundle.devices`` (probed, or ``"source": "log"``): any
+    named device whose backend (any case) is not ``cpu`` and whose name is not the CPU itself."""
+    backend = str(device.get("backend") or "").strip().lower()
+    name = str(device.get("name") or "").strip()
+    return bool(name) and backend != "cpu" and name.upper() != "CPU"
+
+
 def bundle_facts(bundle: dict, diagnosis: dict) -> dict:
     """The indexed columns of a bundle row (values cut to their column sizes; None when absent)."""
     engine = bundle.get("engine") or {}
     failure = diagnosis.get("failure") or {}
     devices = [d for d in (bundle.get("devices") or []) if isinstance(d, dict)]
     model = bundle.get("model") or {}
-    gpu = next((d.get("name") for d in devices if d.get("name") and (d.get("backend") or "") != "cpu"), None)
+    gpu = next((d.get("name") for d in devices if is_gpu(d)), None)
     return {
         "engine_name": _cut(diagnosis.get("engine") or engine.get("name"), 40),
         "engine_version": _cut(engine.get("version"), 100),
-        "build_number": _int_or_none(engine.get("build_number"), 0),
+        "build_number": build_number_of(engine),
         "backend": _cut(failure.get("backend"), 40),
         "gpu": _cut(gpu, 200),
         "model_name": _cut(model.get("file_name"), 300),
@@ -206,7 +231,7 @@ def facets(bundle: dict, diagnosis: dict) -> set[tuple[str, str]]:
     build = facts["build_number"]
     add("engine_version", f"b{build}" if build is not None else version)
     for d in bundle.get("devices") or []:
-        if isinstance(d, dict) and (d.get("backend") or "") != "cpu":
+        if isinstance(d, dict) and is_gpu(d):
             add("gpu", d.get("name"))
     add("model", facts["model_name"])
     add("backend", facts["backend"])

@@ -169,13 +169,22 @@ def _num(v):
 
 
 def regression(session: Session, c: Cluster) -> dict:
-    """First build this signature appears in, and how many bundles of earlier builds of the same
-    engine the server holds ("first seen in b6xxx; 0 of 140 bundles from earlier builds")."""
-    if c.min_build is None:
-        return {"first_build": None, "first_version": c.first_version, "earlier_bundles": None}
-    earlier = session.execute(select(func.count()).select_from(Bundle).where(
-        Bundle.engine_name == c.engine, Bundle.build_number < c.min_build)).scalar_one()
-    return {"first_build": c.min_build, "first_version": c.first_version, "earlier_bundles": earlier}
+    """The regression view of a cluster: the first build its signature appears in, how many bundles
+    of the same engine from earlier builds the server holds (none of which has this signature:
+    "first seen in b6xxx; 0 of 140 bundles from earlier builds"), and how many of the cluster's
+    bundles report no engine version at all (so that a view without builds says why).
+
+    Builds come from ``bundle.engine.build_number`` (probed, or read from the log by
+    ``kvreport collect --log``, ``"version_source": "log"``).
+    """
+    unversioned = session.execute(select(func.count()).select_from(Bundle).where(
+        Bundle.cluster_id == c.id, Bundle.build_number.is_(None), Bundle.engine_version.is_(None))).scalar_one()
+    out = {"first_build": c.min_build, "last_build": c.max_build, "first_version": c.first_version,
+           "earlier_bundles": None, "unversioned_bundles": unversioned, "bundles": c.count}
+    if c.min_build is not None:
+        out["earlier_bundles"] = session.execute(select(func.count()).select_from(Bundle).where(
+            Bundle.engine_name == c.engine, Bundle.build_number < c.min_build)).scalar_one()
+    return out
 
 
 def cluster_detail(session: Session, cluster_id: int, newest: int = 20) -> dict | None:

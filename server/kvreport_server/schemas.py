@@ -113,8 +113,11 @@ class BundleSummarySchema(Schema):
 
 class RegressionSchema(Schema):
     first_build = fields.Integer(allow_none=True)
+    last_build = fields.Integer(allow_none=True)
     first_version = fields.String(allow_none=True)
     earlier_bundles = fields.Integer(allow_none=True)
+    unversioned_bundles = fields.Integer()
+    bundles = fields.Integer()
 
 
 class ClusterDetailSchema(ClusterSchema):

@@ -119,7 +119,8 @@ def test_regression_view(client, db):
     cid_other = store.ingest(db, other).cluster.id
     with db.Session() as s:
         d = cluster_detail(s, cid_other)
-    assert d["regression"] == {"first_build": 7000, "first_version": "b7000", "earlier_bundles": 3}
+    assert d["regression"] == {"first_build": 7000, "last_build": 7000, "first_version": "b7000", "earlier_bundles": 3,
+                               "unversioned_bundles": 0, "bundles": 1}
 
 
 def test_sort_by_trend_and_sparkline(db):
