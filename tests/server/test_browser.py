@@ -141,3 +141,50 @@ def test_maintainer_known_fix_reaches_next_upload(live, page):
     assert r.status_code == 201
     assert r.json()["cluster"]["known_fix"] == fix
     assert r.json()["cluster"]["issue_url"] == "https://github.com/ggml-org/llama.cpp/issues/12345"
+
+
+def test_demo_pages_in_the_browser(app, db):
+    """`kvreport serve --demo` data: every cluster and bundle page loads without a console error or a
+    failed resource; clusters without a machine identity show "—"; the list fits a narrow screen."""
+    from kvreport_server.cli_entry import load_examples
+    from kvreport_server.waitress_server import create_server
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Debian's chromium is not installed (apt-get install -y chromium)", pytrace=False)
+    stored, _skipped = load_examples(db)
+    assert stored > 0
+    server = create_server(app, host="127.0.0.1", port=0, threads=4)
+    threading.Thread(target=server.run, daemon=True).start()
+    base = f"http://127.0.0.1:{server.effective_port}"
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    problems: list[str] = []
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            pg = browser.new_page(viewport={"width": 1280, "height": 900})
+            pg.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+            pg.on("response", lambda r: problems.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+            pg.goto(base + "/")
+            pg.screenshot(path=str(ARTIFACTS / "demo-clusters.png"), full_page=True)
+            clusters = requests.get(base + "/api/v1/clusters?per_page=100", timeout=10).json()["items"]
+            for c in clusters:
+                cell = pg.locator(f'tr[data-cluster-id="{c["id"]}"] td.machines').inner_text().strip()
+                assert cell == (str(c["machines"]) if c["machines"] else "—")
+            for c in clusters:
+                pg.goto(f"{base}/clusters/{c['id']}")
+                assert pg.locator("#regression-text").inner_text().strip()
+                pg.screenshot(path=str(ARTIFACTS / f"demo-cluster-{c['id']}.png"), full_page=True)
+                pg.locator("a.bundle-link").first.click()
+                pg.wait_for_url("**/bundles/*")
+                pg.screenshot(path=str(ARTIFACTS / f"demo-bundle-of-cluster-{c['id']}.png"), full_page=True)
+            pg.set_viewport_size({"width": 420, "height": 900})
+            pg.goto(base + "/")
+            overflow = pg.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+            pg.screenshot(path=str(ARTIFACTS / "demo-clusters-narrow.png"), full_page=True)
+            browser.close()
+    finally:
+        server.close()
+    assert not problems, problems
+    assert overflow <= 0, f"the clusters page is {overflow} px wider than a 420 px screen"
