@@ -429,3 +429,63 @@ def test_ollama_runner_error_with_escaped_newline_keeps_the_allocator_chain():
     f = d["failure"]
     assert (d["engine"], f["phase"], f["failing_device"], f["requested_mib"]) == \
         ("ollama", "compute_buffer", "CUDA0", 799.61)
+
+
+def _lines_parsers_used(text: str) -> set[int]:
+    """Line numbers (1-based) whose feeding changed the facts (a parser read something from them), with the
+    engine_hints counters and key_line_count left out."""
+    import pickle
+
+    from kvreport.logs import LogFacts, _feed_one
+
+    def snap(f):
+        d = dict(f.__dict__)
+        d.pop("key_line_count", None)
+        d.pop("engine_hints", None)
+        return pickle.dumps(d)
+
+    f = LogFacts()
+    used = set()
+    for n, raw in enumerate(text.split("\n"), 1):  # numbered as grep numbers lines (\n only)
+        before = snap(f)
+        _feed_one(f, raw, n)
+        if snap(f) != before:
+            used.add(n)
+    return used
+
+
+def test_every_line_a_parser_used_in_the_real_corpus_passes_the_grep_prefilter():
+    """Each line of the real case logs that changed the facts is selected by the grep prefilter in both modes
+    (``-E`` alternation and ``-F -f`` literals), and both modes select the same lines."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    from kvreport.logs import KEYWORDS, grep_ere
+    from tests.paths import case_dirs
+
+    grep = shutil.which("grep")
+    if grep is None:
+        pytest.skip("no grep")
+    with tempfile.TemporaryDirectory() as tmp:
+        ere = os.path.join(tmp, "kw.ere")
+        lit = os.path.join(tmp, "kw.txt")
+        with open(ere, "w") as fh:
+            fh.write(grep_ere() + "\n")
+        with open(lit, "w") as fh:
+            fh.write("\n".join(KEYWORDS))
+        env = {**os.environ, "LC_ALL": "C"}
+        n_used = 0
+        for case in case_dirs():
+            data = (case / "log.txt").read_bytes()
+            sel = {}
+            for mode, path in (("-E", ere), ("-F", lit)):
+                out = subprocess.run([grep, "-a", "-n", mode, "-f", path], input=data, capture_output=True, env=env,
+                                     check=False).stdout
+                sel[mode] = {int(x.split(b":", 1)[0]) for x in out.splitlines() if x.split(b":", 1)[0].isdigit()}
+            assert sel["-E"] == sel["-F"], case.name
+            used = _lines_parsers_used(data.decode("utf-8", "replace"))
+            n_used += len(used)
+            assert used <= sel["-E"], (case.name, sorted(used - sel["-E"])[:5])
+        assert n_used > 1000
