@@ -316,3 +316,77 @@ def test_collect_suggestions_keep_redacted_words(raw, kept, where):
                                                                 "n_parallel", "n_gpu_layers", "fit")} == \
             {k: v for k, v in flags.items() if k not in ("n_ctx", "cache_type_k", "cache_type_v", "flash_attn",
                                                           "n_parallel", "n_gpu_layers", "fit")}, cmd
+
+
+# --- engine version and devices the log printed (QA #11) -------------------------------------------
+
+_CUDA_LOG = [
+    "build: 6895 (4341dc8bc) with cc (GCC) 15.2.1 20250813 for x86_64-pc-linux-gnu",
+    "ggml_cuda_init: found 1 CUDA devices:",
+    "  Device 0: NVIDIA GeForce RTX 4090, compute capability 8.9, VMM: yes",
+    "llama_prepare_model_devices: using device CUDA0 (NVIDIA GeForce RTX 4090) (0000:01:00.0) - 23000 MiB free",
+    "llama_kv_cache: size = 16384.00 MiB (131072 cells,  32 layers,  1/1 seqs), K (f16): 8192.00 MiB, "
+    "V (f16): 8192.00 MiB",
+    "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 16384.00 MiB on device 0: cudaMalloc failed: "
+    "out of memory",
+]
+_NO_PROBES = {"host": {}, "devices": [], "probes": {}}
+
+
+def test_engine_version_and_devices_from_the_log():
+    bundle = collect.build_bundle(_CUDA_LOG, None, None, 1.0, probe_result=_NO_PROBES)
+    assert bundle["engine"] == {"name": "llama.cpp", "version": "b6895", "build_number": 6895, "commit": "4341dc8bc",
+                                "version_source": "log"}
+    assert bundle["devices"] == [{"backend": "cuda", "index": 0, "name": "NVIDIA GeForce RTX 4090", "device": "CUDA0",
+                                  "free_mib": 23000.0, "source": "log"}]
+
+
+def test_probed_version_and_devices_win_over_the_log():
+    probed = {"host": {}, "probes": {}, "engine": {"name": "llama.cpp", "version": "b7000", "build_number": 7000},
+              "devices": [{"backend": "cuda", "index": 0, "name": "NVIDIA GeForce RTX 4090", "free_mib": 20000.0,
+                           "source": "nvml"}]}
+    bundle = collect.build_bundle(_CUDA_LOG, None, None, 1.0, probe_result=probed)
+    assert bundle["engine"]["build_number"] == 7000 and "version_source" not in bundle["engine"]
+    assert [d["source"] for d in bundle["devices"]] == ["nvml"]
+
+
+def test_log_devices_of_a_case_and_no_cpu_or_build_zero():
+    case = _case("pub-012-llamacpp-rocm-2x7900xtx-weights-on-gpu0-only")
+    bundle = collect.build_bundle((case / "log.txt").read_text().splitlines(), None, None, 1.0,
+                                  probe_result=_NO_PROBES)
+    assert [(d["device"], d["backend"], d["name"], d["source"]) for d in bundle["devices"]] == [
+        ("ROCm0", "rocm", "Radeon RX 7900 XTX", "log"), ("ROCm1", "rocm", "Radeon RX 7900 XTX", "log")]
+    local = _case("loc-17-fail-huge-ctx-verbose")  # "build 0 (unknown)": no release to name
+    bundle = collect.build_bundle((local / "log.txt").read_text().splitlines(), None, None, 1.0,
+                                  probe_result=_NO_PROBES)
+    assert "version" not in bundle["engine"] and "build_number" not in bundle["engine"]
+    assert all(d.get("backend") != "cpu" for d in bundle["devices"])
+
+
+def test_log_facts_parsed_once(monkeypatch):
+    import kvreport.logs
+
+    calls = []
+    real = kvreport.logs.parse_log
+
+    def counting(lines, *a, **k):
+        calls.append(1)
+        return real(lines, *a, **k)
+
+    monkeypatch.setattr(kvreport.logs, "parse_log", counting)
+    collect.build_bundle(_CUDA_LOG, None, None, 1.0, probe_result=_NO_PROBES)
+    assert len(calls) == 1
+
+
+def test_ollama_version_is_not_the_runner_build():
+    lines = ['time=2025-06-01T10:00:00.000Z level=INFO source=routes.go:1234 msg="server config" version=0.12.6',
+             "build: 6895 (4341dc8bc) with cc (GCC) 15.2.1 for x86_64-pc-linux-gnu"]
+    facts = kvreport_logs_parse(lines)
+    version = collect._log_version(facts, "ollama")
+    assert "build_number" not in version
+
+
+def kvreport_logs_parse(lines):
+    from kvreport.logs import parse_log
+
+    return parse_log(lines)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 from collections.abc import Iterable
@@ -142,15 +143,79 @@ def engine_python(command: dict, program_path: str | None = None) -> str | None:
     return interpreter_of(path)
 
 
-def _log_engine(excerpt: Excerpt | None) -> str | None:
+def _log_facts(excerpt: Excerpt | None):
+    """:class:`kvreport.logs.LogFacts` of the captured excerpt (parsed once), or None."""
     if excerpt is None or not excerpt.line_count:
         return None
     try:
-        from kvreport.logs import decide_engine, parse_log
+        from kvreport.logs import parse_log
 
-        return decide_engine(parse_log(text for _n, text in excerpt.lines()))
+        return parse_log(text for _n, text in excerpt.lines())
+    except Exception:  # noqa: BLE001 - the log's facts are a courtesy here; analyze re-reads the log
+        return None
+
+
+def _log_engine(facts) -> str | None:
+    if facts is None:
+        return None
+    try:
+        from kvreport.logs import decide_engine
+
+        return decide_engine(facts)
     except Exception:  # noqa: BLE001 - engine naming is a courtesy
         return None
+
+
+def _log_version(facts, engine_name: str | None) -> dict:
+    """Version facts the log printed: llama.cpp ``build: 6895 (4341dc8bc)`` / ``version: 6895 (…)``
+    (common/common.cpp, kvreport.logs.llamacpp), vLLM ``vLLM API server version 0.9.1``, Ollama
+    ``version=0.12.6``. ``{"version", "build_number", "commit"}``, only what is known."""
+    if facts is None:
+        return {}
+    if engine_name in ("vllm", "ollama", "sglang", "tgi"):
+        # an Ollama log also carries the llama.cpp lines of its runner: that build is not Ollama's
+        sub = getattr(facts, engine_name, None)
+        version = sub.get("version") if isinstance(sub, dict) else None
+        return {"version": str(version)} if version else {}
+    out: dict = {}
+    if facts.build == 0:  # a local build without git: "build 0 (unknown)" names no release
+        return {}
+    if facts.version:
+        out["version"] = str(facts.version)
+    if facts.build is not None:
+        out["build_number"] = int(facts.build)
+    if facts.commit:
+        out["commit"] = str(facts.commit)
+    return out
+
+
+def _log_devices(facts, probed: list[dict]) -> list[dict]:
+    """``bundle.devices`` entries (``"source": "log"``) for the accelerators the log names
+    (``LogFacts.devices``: llama.cpp ``Device 0: NVIDIA GeForce RTX 4090`` / ``using device CUDA0
+    (…) - 23000 MiB free`` / ``--list-devices`` lines, Ollama's inference compute, vLLM's torch
+    devices) that the probes did not find: none of the same name on this machine. CPU is left
+    out (``host`` covers it). Memory in MiB."""
+    if facts is None or not facts.devices:
+        return []
+    from kvreport.probes.llamacpp import backend_of
+
+    names = {str(d.get("name") or "").strip().lower() for d in probed}
+    out: list[dict] = []
+    for key, dev in facts.devices.items():
+        key = str(key)
+        backend = backend_of(key)
+        description = dev.get("description")
+        if backend == "cpu" or key.upper() == "CPU" or (backend == "unknown" and not description):
+            continue
+        name = str(description or key).strip()
+        if name.lower() in names:
+            continue
+        m = re.search(r"(\d+)$", key)
+        entry = {"backend": backend if backend != "unknown" else None, "index": int(m.group(1)) if m else None,
+                 "name": name, "device": key, "total_mib": dev.get("total_mib"), "free_mib": dev.get("free_mib"),
+                 "source": "log"}
+        out.append({k: v for k, v in entry.items() if v is not None})
+    return out
 
 
 def build_bundle(log_lines: Iterable[str] | None = None, command_line: str | list[str] | None = None,
@@ -189,20 +254,29 @@ def build_bundle(log_lines: Iterable[str] | None = None, command_line: str | lis
         if with_env.get("engine") == command.get("engine"):
             command["flags"] = with_env.get("flags") or command.get("flags") or {}
         command["env"] = {**extra_env, **(command.get("env") or {})}
-    log_engine = _log_engine(excerpt)
+    log_facts = _log_facts(excerpt)
+    log_engine = _log_engine(log_facts)
     if probe_result is None:
         probe_result = probes.run_all(probe_timeout, engine_program=command.get("program"),
                                       engine_binary=engine_binary, engine=command.get("engine") or log_engine,
                                       python=python or engine_python(command))
+    engine = _engine_section(command, probe_result, log_engine)
+    if not engine.get("version") and engine.get("build_number") is None:
+        from_log = _log_version(log_facts, engine.get("name") or log_engine)
+        if from_log:
+            engine.update(from_log)
+            engine["version_source"] = "log"
+    devices = list(probe_result.get("devices") or [])
+    devices += _log_devices(log_facts, devices)
     bundle = {
         "schema": SCHEMA_ID,
         "id": new_bundle_id(),
         "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "collector": {"name": "kvreport", "version": __version__, "probe_seconds": probe_result.get("seconds")},
         "host": probe_result.get("host") or {},
-        "devices": (probe_result.get("devices") or [])[:64],
+        "devices": devices[:64],
         "probes": probe_result.get("probes") or {},
-        "engine": _engine_section(command, probe_result, log_engine),
+        "engine": engine,
         "command": command,
         "model": _model_section(model_path, command),
         "log": excerpt.to_log(log_source) if excerpt is not None else None,
