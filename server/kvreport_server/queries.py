@@ -177,8 +177,10 @@ def regression(session: Session, c: Cluster) -> dict:
     Builds come from ``bundle.engine.build_number`` (probed, or read from the log by
     ``kvreport collect --log``, ``"version_source": "log"``).
     """
-    unversioned = session.execute(select(func.count()).select_from(Bundle).where(
-        Bundle.cluster_id == c.id, Bundle.build_number.is_(None), Bundle.engine_version.is_(None))).scalar_one()
+    # each bundle adds at most one engine_version facet, so the facet counts give the versioned ones
+    versioned = session.execute(select(func.coalesce(func.sum(ClusterFacet.count), 0)).where(
+        ClusterFacet.cluster_id == c.id, ClusterFacet.kind == "engine_version")).scalar_one()
+    unversioned = max(0, c.count - int(versioned))
     out = {"first_build": c.min_build, "last_build": c.max_build, "first_version": c.first_version,
            "earlier_bundles": None, "unversioned_bundles": unversioned, "bundles": c.count}
     if c.min_build is not None:
