@@ -160,9 +160,12 @@ def is_secret_key(name: str) -> bool:
     return secret_name_strength(name) > 0
 
 
+_FLAG_WORD = re.compile(r"--?[A-Za-z][A-Za-z0-9_-]*")
+
+
 def _is_secret_flag(word: str) -> bool:
     """``--api-key``, ``-hft``…: a flag whose value is a secret."""
-    if not word.startswith("-") or "=" in word:
+    if not _FLAG_WORD.fullmatch(word):
         return False
     return word.lstrip("-") in ("hft", "hfrt") or is_secret_key(word)
 
@@ -201,21 +204,22 @@ _VAL_NO_DASH = r"(?:\\\"[^\"\\\n]*\\\"|\"[^\"\n]*\"|'[^'\n]*'|(?!-)[^\s\"'`;&]*[
 _WRAP = r"(?:Some\(|SecretStr\(|\[|\()?"
 
 _URL_CREDS = re.compile(r"(?P<pre>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<cred>[^\s/@:<>\"']+:[^\s/@<>\"']*|[^\s/@:<>\"']{8,})@")
-_URL_QUERY = re.compile(r"(?P<pre>[?&;](?P<name>[A-Za-z0-9_.-]+)=)(?P<val>[^&\s\"'#<>]+)")
+_URL_QUERY = re.compile(r"(?P<pre>[?&;](?P<name>[A-Za-z0-9_.-]+)=)(?=(?P<val>[^&\s\"'#<>]+))")
 _URL_QUERY_NAMES = {"key", "sig", "signature", "x-amz-signature", "x-amz-credential", "x-amz-security-token",
                     "auth", "access_token", "token", "code", "password", "pwd", "apikey", "secret"}
 _AUTH_HEADER = re.compile(r"(?P<pre>\b(?:proxy-)?authorization\b\\?[\"']?\s*[:=]\s*\\?[\"']?"
                           r"(?:(?:bearer|basic|token|digest|negotiate)\s+)?)(?P<val>[^\s\"',\\]+)", re.I)
+_PLAIN_WORD = re.compile(r"[A-Za-z][a-z]*")
 _BEARER = re.compile(r"(?P<pre>\b(?:[Bb]earer|BEARER|Basic)\s+)(?P<val>[A-Za-z0-9._~+/=-]{8,})")
 _FLAG = re.compile(r"(?<![\w-])(?P<pre>--?(?P<name>[A-Za-z][A-Za-z0-9_-]*)(?:[ \t]*=[ \t]*|[ \t]+)" + _WRAP + r")"
-                   r"(?P<val>" + _VAL_NO_DASH + r")")
+                   r"(?=(?P<val>" + _VAL_NO_DASH + r"))")
 _ASSIGN = re.compile(
     r"(?<![\w$.@/\\])(?P<pre>(?P<q>\\?[\"'])?(?:\$env:)?(?P<name>[A-Za-z_][A-Za-z0-9_-]*)(?(q)(?P=q))"
-    r"[ \t]*(?:=(?!=)|:(?![:/]))[ \t]*" + _WRAP + r")(?P<val>" + _VAL + r")", re.I)
+    r"[ \t]*(?:=(?!=)|:(?![:/]))[ \t]*" + _WRAP + r")(?=(?P<val>" + _VAL + r"))", re.I)
 _SPACE_ASSIGN = re.compile(
-    r"(?P<pre>(?:\bsetenv|\bset(?:[ \t]+-[A-Za-z]+)*|^[ \t]*ENV|\bARG)[ \t]+(?P<name>[A-Za-z_][A-Za-z0-9_]*)[ \t]+)"
-    r"(?P<val>" + _VAL_NO_DASH + r")", re.M)
-_SECRET_HINT = re.compile(r"token|key|secret|pass|pwd|credential|pat", re.I)
+    r"(?P<pre>(?:\bsetenv|\bset(?:[ \t]+-[A-Za-z]+)*|\bENV|\bARG)[ \t]+(?P<name>[A-Za-z_][A-Za-z0-9_]*)[ \t]+)"
+    r"(?=(?P<val>" + _VAL_NO_DASH + r"))", re.M)
+_SECRET_HINT = re.compile(r"token|key|secret|pass|pwd|credential|pat|-hf", re.I)
 _TOKENS = re.compile(
     r"(?<![A-Za-z0-9])(?:"
     r"hf_[A-Za-z0-9]{10,}"
@@ -342,22 +346,32 @@ class Redactor:
         return table[value]
 
     def _sub_value(self, regex: re.Pattern, kind: str, text: str, strength=None) -> str:
-        """Replace group ``val`` of each match by ``<token>`` (quotes kept) when it is a secret.
+        """Replace group ``val`` of each match by ``<token>`` (quotes kept) when it is a secret. The
+        patterns only look ahead at the value, so a value that is no secret can still be the name
+        of the next assignment (``log_server_r: X-Api-Key: …``).
 
         ``strength(match) -> int`` says how strongly the match's name marks a secret (0: not at
         all, the match stays); by default every match is a strong one.
         """
-        def repl(m: re.Match) -> str:
+        out: list[str] = []
+        pos = 0
+        for m in regex.finditer(text):
+            if m.start() < pos:  # inside a value replaced already
+                continue
             level = 2 if strength is None else strength(m)
             if not level:
-                return m.group(0)
+                continue
             open_q, bare, close_q = _unquote(m.group("val"))
             if _not_a_secret(bare, level) or bare.startswith("<home>"):
-                return m.group(0)
+                continue
             self.counts[kind] += 1
-            return m.group("pre") + f"{open_q}<token>{close_q}"
-
-        return regex.sub(repl, text)
+            start, end = m.span("val")
+            out += [text[pos:start], f"{open_q}<token>{close_q}"]
+            pos = end
+        if not out:
+            return text
+        out.append(text[pos:])
+        return "".join(out)
 
     def redact_text(self, text: str) -> str:
         """``text`` with every secret and identity replaced (counts added to ``self.counts``)."""
@@ -375,8 +389,8 @@ class Redactor:
             text = self._sub_value(_URL_QUERY, "url_credentials", text, lambda m: 2 if (
                 m.group("name").lower() in _URL_QUERY_NAMES or is_secret_key(m.group("name"))) else 0)
         text = self._sub_value(_AUTH_HEADER, "authorization", text)
-        text = self._sub_value(_BEARER, "authorization", text, lambda m: 2 if (
-            _looks_random(m.group("val")) and not m.group("val")[1:].islower()) else 0)
+        text = self._sub_value(_BEARER, "authorization", text,  # not "Bearer authentication"
+                               lambda m: 0 if _PLAIN_WORD.fullmatch(m.group("val")) else 2)
         if _SECRET_HINT.search(text):
             text = self._sub_value(_FLAG, "secret_flag", text, lambda m: (
                 2 if m.group("name") in ("hft", "hfrt") else secret_name_strength(m.group("name"))))
