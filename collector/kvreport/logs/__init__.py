@@ -29,6 +29,9 @@ __all__ = ["LogFacts", "clean_pasted", "clean_line", "is_key_line", "parse_log",
 _PARSERS = (llamacpp, ollama, vllm, sglang, tgi)
 KEYWORDS: tuple[str, ...] = tuple(sorted({k for p in _PARSERS for k in p.KEYWORDS}))
 _KEY = re.compile("|".join(re.escape(k) for k in sorted(KEYWORDS, key=len, reverse=True)))
+# each parser only sees the lines its own keywords select (a key line for llama.cpp is not read by the vLLM regexes)
+_OWN = tuple((p, re.compile("|".join(re.escape(k) for k in sorted(p.KEYWORDS, key=len, reverse=True))).search)
+             for p in _PARSERS)
 _KEY_BYTES = re.compile("|".join(re.escape(k) for k in sorted(KEYWORDS, key=len, reverse=True)).encode())
 
 
@@ -71,7 +74,9 @@ def _feed_one(f: LogFacts, raw, lineno: int) -> None:
     if "alloc" in line:
         parts = [q for part in parts for q in _GLUED.split(part)]
     for part in parts:
-        for parser in _PARSERS:
+        for parser, own in _OWN:
+            if own(part) is None:
+                continue
             try:
                 parser.feed(f, part, lineno)
             except Exception:  # noqa: BLE001 - a parser bug must never stop the diagnosis
