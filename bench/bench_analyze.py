@@ -88,7 +88,7 @@ def main() -> int:
                 pass
 
         results = {}
-        modes = [("grep -F prefilter, parallel byte ranges", True)]
+        modes = [("grep -E prefilter, parallel byte ranges", True)]
         if args.python or args.size_mb < 300:
             modes.append(("pure Python chunk scan", False))
         for mode, use_grep in modes:
