@@ -390,3 +390,74 @@ def kvreport_logs_parse(lines):
     from kvreport.logs import parse_log
 
     return parse_log(lines)
+
+
+# --- the fast --log reader gives the slow path's excerpt exactly (QA #14) --------------------------
+
+from kvreport import excerpt_fast  # noqa: E402
+
+
+def _both(path) -> tuple[dict, dict]:
+    import shutil
+
+    fast = excerpt_fast.read_excerpt_fast(str(path), shutil.which("grep"))
+    assert fast is not None
+    return fast.to_log("file"), excerpt_fast.read_excerpt_slow(str(path)).to_log("file")
+
+
+needs_grep = pytest.mark.skipif(__import__("shutil").which("grep") is None, reason="no grep here")
+
+
+@needs_grep
+@pytest.mark.parametrize("case", case_dirs(), ids=lambda p: p.name)
+def test_fast_excerpt_equals_slow_on_cases(case):
+    fast, slow = _both(case / "log.txt")
+    assert fast == slow
+
+
+@needs_grep
+@pytest.mark.parametrize("content", [
+    b"", b"\n", b"no newline at the end", b"a\nb\n\n", b"\r\n\r\n", b"llama_kv_cache: size = 1 MiB\r\n",
+    b"x" * 5000 + b" failed to allocate CUDA0 buffer\nfailed to allocate\n",  # keyword after the cut
+    b"failed to allocate \xff\xfe bad utf-8\nok\n", b"\x00\x01 failed to allocate\x00\n",
+    b"failed to allocate " + b"y" * 9000,
+])
+def test_fast_excerpt_edges(tmp_path, content):
+    path = tmp_path / "l.log"
+    path.write_bytes(content)
+    fast, slow = _both(path)
+    assert fast == slow
+
+
+@needs_grep
+def test_fast_excerpt_equals_slow_on_50mb(tmp_path):
+    """A synthetic 50 MB log: the case logs with long filler lines between them, more key lines
+    than the excerpt keeps, a failure at the end and no final newline."""
+    bodies = [p.read_bytes() for p in sorted(SHARED_CASES.glob("*/log.txt"))] or [b"failed to allocate x\n"]
+    filler = b"".join(b"srv  log_server_r: request: GET /health 127.0.0.1 200 " + b"." * 700 + b"\n"
+                      for _ in range(64))
+    path = tmp_path / "big.log"
+    with open(path, "wb") as out:
+        n = i = 0
+        while n < 50_000_000:
+            chunk = filler + bodies[i % len(bodies)]
+            out.write(chunk)
+            n += len(chunk)
+            i += 1
+        out.write(b"ggml_backend_cuda_buffer_type_alloc_buffer: allocating 9.00 MiB: cudaMalloc failed: out of memory")
+    fast, slow = _both(path)
+    assert fast["line_count"] == slow["line_count"] > 60000
+    assert fast == slow
+
+
+def test_read_excerpt_without_grep_or_with_a_failing_grep(tmp_path, monkeypatch):
+    case = _case("loc-17-fail-huge-ctx-verbose")
+    slow = excerpt_fast.read_excerpt_slow(str(case / "log.txt")).to_log("file")
+    assert excerpt_fast.read_excerpt(str(case / "log.txt"), use_grep=False).to_log("file") == slow
+    bad = tmp_path / "grep"
+    bad.write_text("#!/bin/sh\nexit 2\n")
+    bad.chmod(0o755)
+    assert excerpt_fast.read_excerpt_fast(str(case / "log.txt"), str(bad)) is None
+    monkeypatch.setattr("shutil.which", lambda name, *a, **k: str(bad) if name == "grep" else None)
+    assert excerpt_fast.read_excerpt(str(case / "log.txt")).to_log("file") == slow
+    assert collect.read_log(str(case / "log.txt")).to_log("file") == slow

@@ -291,6 +291,9 @@ def build_bundle(log_lines: Iterable[str] | None = None, command_line: str | lis
 def read_log(path: str) -> Excerpt:
     """Feed the log file at ``path`` ('-' = stdin) through an :class:`Excerpt` (bounded memory).
 
+    A file is read by :func:`kvreport.excerpt_fast.read_excerpt` (the analyzer's grep prefilter;
+    the same excerpt as feeding every line, about 20x faster on a 200 MB log).
+
     Raises :class:`InputError` (one line) when it cannot be read.
     """
     excerpt = Excerpt()
@@ -306,9 +309,9 @@ def read_log(path: str) -> Excerpt:
             return excerpt
         if os.path.isdir(path):
             raise InputError(f"cannot read log {path}: it is a directory")
-        with open(path, "rb") as fh:
-            for raw in fh:
-                excerpt.feed(raw.decode("utf-8", "replace"))
+        from kvreport.excerpt_fast import read_excerpt
+
+        return read_excerpt(path)  # grep prefilter + newline count + tail read from the end
     except InputError:
         raise
     except OSError as exc:
