@@ -9,6 +9,7 @@ server's second pass see noise.
 from __future__ import annotations
 
 import json
+import re
 import string
 from collections import Counter
 from urllib.parse import quote
@@ -253,6 +254,7 @@ JUSTIFIED = {
         {"home": 1}, "an LM Studio model path under /home/user (the file name stays)"),
 }
 # the stand-ins curators use for a user name: any other home folder in a new case must be listed
+_HOME_NAME = r"(?:/home|/Users|[A-Za-z]:\\Users)[/\\]([^/\\\s'\"]+)"
 CURATOR_HOME_NAMES = {"user", "ubuntu", "username", "...", "you", "me", "name", "yourname", "x"}
 
 
@@ -276,8 +278,6 @@ def test_real_corpus_has_no_false_positives():
     files = _corpus_files()
     if not files:
         pytest.skip("no shared cases or captures here")
-    import re
-
     seen: dict[str, Counter] = {}
     unexplained = []
     n_lines = 0
@@ -293,7 +293,7 @@ def test_real_corpus_has_no_false_positives():
                 assert not counts, (path, line, counts)
                 continue
             per_file.update(counts)
-            homes = re.findall(r"(?:/home|/Users|[A-Za-z]:\\Users)[/\\]([^/\\\s'\"]+)", line)
+            homes = re.findall(_HOME_NAME, line)
             if _rel(path) not in JUSTIFIED and not (set(counts) == {"home"}
                                                     and set(homes) <= CURATOR_HOME_NAMES):
                 unexplained.append((_rel(path), line, out))
@@ -342,7 +342,8 @@ def test_real_case_bundles_keep_every_fact():
         assert before.keys() == after.keys()
         for path, value in before.items():
             if value != after[path]:
-                assert "<home>" in str(after[path]) and f"{case.name}/" in "".join(JUSTIFIED), (case.name, path)
+                homes = set(re.findall(_HOME_NAME, str(value)))
+                assert "<home>" in str(after[path]) and homes and homes <= CURATOR_HOME_NAMES, (case.name, path)
         assert find_secrets(red, kinds=SECRET_KINDS) == [], case.name
 
 
