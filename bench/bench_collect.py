@@ -9,6 +9,9 @@ when that fails the comparison is skipped with a message. The target is a collec
 
 It also checks with ``python -X importtime`` that ``kvreport --help`` imports neither
 kvreport_server, requests nor numpy, and prints the slowest imports of ``kvreport collect``.
+Last, ``kvreport collect --log`` on a 200 MB log built from the shared case logs (kept in
+``bench/out``), with the grep prefilter (:mod:`kvreport.excerpt_fast`) and with the line-by-line
+read it replaced, and whether both give the same ``log`` section.
 
     .venv/bin/python bench/bench_collect.py [--repeat 7] [--no-torch]
 """
@@ -16,6 +19,7 @@ kvreport_server, requests nor numpy, and prints the slowest imports of ``kvrepor
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -87,10 +91,52 @@ def slowest_imports(kvreport_py: str, log: Path, cmd: str, out: Path, n: int = 8
     return sorted(rows, reverse=True)[:n]
 
 
+def big_log(mb: int) -> Path:
+    """A log of about ``mb`` MB built from the shared case logs (the failing loc-17 case last), kept in bench/out."""
+    path = OUT / f"big-{mb}mb.log"
+    if path.is_file():
+        return path
+    OUT.mkdir(parents=True, exist_ok=True)
+    cases = sorted((ROOT.parent / "shared" / "cases").glob("*/log.txt"))
+    last = [p for p in cases if "loc-17" in str(p)]
+    body = b"".join(p.read_bytes() for p in cases if p not in last) or b"srv  log: request\n" * 1000
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as out:
+        n = 0
+        while n < mb * 1_000_000:
+            out.write(body)
+            n += len(body)
+        for p in last:
+            out.write(p.read_bytes())
+    os.replace(tmp, path)
+    return path
+
+
+def big_log_rows(kvreport: list[str], py: str, work: Path, mb: int) -> None:
+    """`kvreport collect --log BIG` now (grep prefilter) next to the line-by-line read it replaced."""
+    path = big_log(mb)
+    now = timed([*kvreport, "collect", "--log", str(path), "-o", str(work / "big.json")], 1, work)
+    old = timed([py, "-c", "import sys; from kvreport import collect, excerpt_fast; "
+                 "excerpt_fast.read_excerpt = lambda p, use_grep=True: excerpt_fast.read_excerpt_slow(p); "
+                 "from kvreport.cli import main; sys.exit(main())",
+                 "collect", "--log", str(path), "-o", str(work / "big-old.json")], 1, work)
+    size = path.stat().st_size / 1e6
+    print(f"\n`kvreport collect --log` on a {size:.0f} MB log built from the case logs (one run each):")
+    print(f"  line-by-line read (before): {old:8.2f} s" if old is not None else "  line-by-line read: failed")
+    print(f"  grep prefilter (now):       {now:8.2f} s" if now is not None else "  grep prefilter: failed")
+    if old and now:
+        print(f"  speed-up: {old / now:.0f}x")
+        a = json.loads((work / "big.json").read_text())["log"]
+        b = json.loads((work / "big-old.json").read_text())["log"]
+        print(f"  same log section: {'yes' if a == b else 'NO'}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--no-torch", action="store_true", help="skip the torch.utils.collect_env comparison")
+    ap.add_argument("--no-big-log", action="store_true", help="skip the 200 MB `collect --log` comparison")
+    ap.add_argument("--big-mb", type=int, default=200, help="size of the big log in MB (default 200)")
     args = ap.parse_args()
 
     py = sys.executable
@@ -131,6 +177,9 @@ def main() -> int:
     collect_t = rows[3][1]
     if collect_t is not None:
         print(f"\ncollect target < 0.5 s: {'met' if collect_t < 0.5 else 'NOT met'} ({collect_t:.3f} s)")
+
+    if not args.no_big_log:
+        big_log_rows(kvreport, py, work, args.big_mb)
 
     bad = import_check(py)
     print(f"kvreport --help imports of {', '.join(FORBIDDEN)}: {bad or 'none'}")
