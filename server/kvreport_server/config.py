@@ -60,11 +60,29 @@ def load_config(environ: dict | None = None) -> dict:
                 cfg[key] = int(raw)
             except ValueError:
                 raise ValueError(f"KVREPORT_{key} must be an integer, not {raw!r}") from None
+            low = 0 if key == "TRUST_PROXY" else 1
+            if cfg[key] < low:
+                raise ValueError(f"KVREPORT_{key} must be at least {low}, not {raw!r}")
         elif key in _BOOL_KEYS:
             cfg[key] = _parse_bool(raw)
         else:
             cfg[key] = raw
+    _check_choices(cfg)
     return cfg
+
+
+def _check_choices(cfg: dict) -> None:
+    """One-line ``ValueError`` for a secrets policy or rate limit that cannot work."""
+    if cfg.get("SECRETS_POLICY") not in (None, "refuse", "flag"):
+        raise ValueError(f"KVREPORT_SECRETS_POLICY must be refuse or flag, not {cfg['SECRETS_POLICY']!r}")
+    from limits import parse_many
+
+    for key in ("RATE_LIMIT_UPLOAD", "RATE_LIMIT_READ", "RATE_LIMIT_LOGIN"):
+        if cfg.get(key):
+            try:
+                parse_many(str(cfg[key]))
+            except ValueError:
+                raise ValueError(f"KVREPORT_{key} must be a rate like 120/minute, not {cfg[key]!r}") from None
 
 
 def default_database_url() -> str:

@@ -69,6 +69,14 @@ def test_config_from_environment():
     assert load_config({})["RATE_LIMIT_LOGIN"] == "20/minute"
     with pytest.raises(ValueError, match="KVREPORT_MAX_JSON_DEPTH"):
         load_config({"KVREPORT_MAX_JSON_DEPTH": "deep"})
+    with pytest.raises(ValueError, match="KVREPORT_MAX_BODY_BYTES must be at least 1"):
+        load_config({"KVREPORT_MAX_BODY_BYTES": "-1"})
+    assert load_config({"KVREPORT_TRUST_PROXY": "0"})["TRUST_PROXY"] == 0
+    with pytest.raises(ValueError, match="KVREPORT_RATE_LIMIT_UPLOAD must be a rate"):
+        load_config({"KVREPORT_RATE_LIMIT_UPLOAD": "lots"})
+    with pytest.raises(ValueError, match="KVREPORT_SECRETS_POLICY must be refuse or flag"):
+        load_config({"KVREPORT_SECRETS_POLICY": "ignore"})
+    assert load_config({"KVREPORT_RATE_LIMIT_UPLOAD": "120/minute;10/second"})["RATE_LIMIT_UPLOAD"]
 
 
 def test_build_context_leaves_out_the_virtualenv():
