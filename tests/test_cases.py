@@ -114,6 +114,45 @@ def test_bundle_excerpt_gives_same_diagnosis(case):
     assert analyze(bundle) == whole
 
 
+_PROBE_DEVICES = [{"backend": b, "index": i, "name": f"probe {b}{i}", "total_mib": 500000.0, "free_mib": 400000.0,
+                   "source": "nvidia-smi"} for b in ("cuda", "rocm", "vulkan", "metal", "sycl") for i in range(4)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_collect_time_probes_do_not_change_the_verdict(case):
+    """Free memory probed when the bundle is collected (after the crash) is not "before launch": a
+    bundle whose host/devices claim lots of free memory gives the failure, verdict, signature and
+    suggestions of the bare log (QA #2)."""
+    text = (case / "log.txt").read_text(errors="replace")
+    cmd = _command(case)
+    whole = analyze_text(text, cmd)
+    bundle = {"log": Excerpt().feed_all(text.splitlines()).to_log("file"),
+              "command": parse_command(cmd) if cmd else {},
+              "host": {"ram_total_mib": 1000000.0, "ram_free_mib": 900000.0},
+              "devices": _PROBE_DEVICES}
+    d = analyze(bundle)
+    assert d["failure"] == whole["failure"]
+    assert d["signature"] == whole["signature"]
+    assert d["memory"] == whole["memory"]
+    assert d["suggestions"] == whole["suggestions"]
+    extra = [x for x in d["findings"] if x not in whole["findings"]]
+    assert all(x["kind"] == "free_at_collection" and "collection time" in x["text"] for x in extra)
+
+
+def test_memory_before_launch_is_used_when_the_log_has_no_free_figure():
+    log = ["ggml_backend_cuda_buffer_type_alloc_buffer: allocating 8192.00 MiB on device 0: cudaMalloc failed: "
+           "out of memory",
+           "alloc_tensor_range: failed to allocate CUDA0 buffer of size 8589934592",
+           "llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache"]
+    bare = analyze({"log": {"lines": [[i + 1, t] for i, t in enumerate(log)]}})
+    assert bare["failure"]["free_mib"] is None
+    d = analyze({"log": {"lines": [[i + 1, t] for i, t in enumerate(log)]},
+                 "memory_before_launch": [{"device": "CUDA0", "free_mib": 6000.0, "total_mib": 8192.0}],
+                 "devices": [{"backend": "cuda", "index": 0, "free_mib": 8000.0}]})
+    assert d["failure"]["free_mib"] == 6000.0
+    assert d["failure"]["verdict"] == "exceeds_free"
+
+
 def test_recovered_pinned_fallback_is_a_finding_not_the_failure():
     case = next(c for c in CASES if c.name.startswith("pub-023"))
     d = _diagnose(case)

@@ -45,7 +45,9 @@ def test_kv_failure_reduce_ctx_first_with_exact_numbers():
 
 
 def test_fits_but_failed_points_at_regression():
-    d = analyze({"log": {"lines": [[i, t] for i, t in enumerate(KV_FAIL.splitlines(), 1)]},
+    # the log's own "MiB free" figure wins over memory_before_launch; without one, kvreport run's figure is used
+    lines = [t for t in KV_FAIL.splitlines() if "MiB free" not in t]
+    d = analyze({"log": {"lines": [[i, t] for i, t in enumerate(lines, 1)]},
                  "memory_before_launch": [{"device": "CUDA0", "free_mib": 40000}]})
     assert d["failure"]["verdict"] == "fits_but_failed"
     assert "bisect-regression" in [s["id"] for s in d["suggestions"]]

@@ -27,9 +27,11 @@ How the failure is placed (design.md "Phases"):
    option) are ``unknown``; a log without any failure is ``none``.
 
 ``requested_mib`` is the buffer named at ggml level, else the backend's own line; ``free_mib`` the
-failing device's free memory before launch (bundle ``memory_before_launch`` / ``devices``), else
-what the log printed (``using device ... MiB free``, ``--list-devices``, Ollama inventory, the
-CPU's total memory as llama.cpp's fit reports it). The verdict compares the request with that free
+failing device's free memory as the log printed it (``using device ... MiB free``,
+``--list-devices``, Ollama inventory, the CPU's total memory as llama.cpp's fit reports it), else
+``memory_before_launch`` (``kvreport run``); the collector's probes (``devices[]``,
+``host.ram_free_mib``) are taken at collection time, after the failure, and only become a
+``free_at_collection`` finding. The verdict compares the request with that free
 memory minus what the engine had already allocated on the device before the failure.
 
 ``memory.kv_required_mib`` is the KV size the engine printed for its real attempt when it printed
@@ -405,22 +407,37 @@ class _Diagnosis:
         return "unknown"
 
     def _device_free(self, device: str | None, backend: str) -> float | None:
-        """Free MiB of ``device`` before launch (bundle), else from the log."""
-        b = self.b
+        """Free MiB of ``device`` before the engine loaded, and where that figure came from.
+
+        Precedence (design.md: analyze(bundle) equals analyzing its log):
+
+        1. what the log itself printed (``using device CUDA0 (...) - N MiB free``, ``--list-devices``,
+           ggml_cuda_init, llama.cpp's fit report of host memory, Ollama's inventory, Vulkan's budget):
+           the engine measured it at load time, nearest to the failure;
+        2. ``memory_before_launch`` (``kvreport run`` measured it right before launching the engine);
+        3. nothing. ``devices[]`` / ``host.ram_free_mib`` are probes taken when the bundle was
+           *collected*, usually after the crash; they never decide the verdict (see
+           :meth:`_collect_time_finding`).
+
+        Sets ``self.free_source`` to "log", "before_launch" or None.
+        """
+        self.free_source = None
+        free = self._log_free(device, backend)
+        if free is not None:
+            self.free_source = "log"
+            return free
         if device:
-            for entry in b.get("memory_before_launch") or []:
+            for entry in self.b.get("memory_before_launch") or []:
                 if isinstance(entry, dict) and entry.get("device") == device and entry.get("free_mib") is not None:
-                    return to_float(entry["free_mib"])
-            for entry in b.get("devices") or []:
-                if not isinstance(entry, dict):
-                    continue
-                prefix = _DEVICE_PREFIX.get(str(entry.get("backend") or "").lower())
-                if prefix and f"{prefix}{entry.get('index')}" == device and entry.get("free_mib") is not None:
-                    return to_float(entry["free_mib"])
-            if device.startswith("CPU") or device.endswith("_Host"):
-                host = b.get("host") if isinstance(b.get("host"), dict) else {}
-                if host.get("ram_free_mib") is not None:
-                    return to_float(host["ram_free_mib"])
+                    val = to_float(entry["free_mib"])
+                    if val is not None:
+                        self.free_source = "before_launch"
+                        return val
+        return None
+
+    def _log_free(self, device: str | None, backend: str) -> float | None:
+        """Free MiB of ``device`` as the engine's own log printed it, else None."""
+        if device:
             dev = self.f.devices.get(device)
             if dev and dev.get("free_mib") is not None:
                 return dev["free_mib"]
@@ -434,6 +451,22 @@ class _Diagnosis:
         if backend == "vulkan" and self.f.ctx.get("vk_free_mib"):
             if not device or device.startswith("Vulkan"):
                 return self.f.ctx["vk_free_mib"]
+        return None
+
+    def _collect_time_free(self, device: str | None) -> float | None:
+        """Free MiB of ``device`` the collector's probes saw when the bundle was collected (not a verdict input)."""
+        if not device:
+            return None
+        for entry in self.b.get("devices") or []:
+            if not isinstance(entry, dict):
+                continue
+            prefix = _DEVICE_PREFIX.get(str(entry.get("backend") or "").lower())
+            if prefix and f"{prefix}{entry.get('index')}" == device and entry.get("free_mib") is not None:
+                return to_float(entry["free_mib"])
+        if device.startswith("CPU") or device.endswith("_Host"):
+            host = self.b.get("host") if isinstance(self.b.get("host"), dict) else {}
+            if host.get("ram_free_mib") is not None:
+                return to_float(host["ram_free_mib"])
         return None
 
     def _used_before(self, device: str | None, lineno: int | None) -> float:
@@ -461,9 +494,20 @@ class _Diagnosis:
             used = self._used_before(device, (self.primary.events[0]["lineno"] if self.primary and self.primary.events else None))
             self.free_at_failure = max(0.0, free - used)
             if used:
+                when = {"log": "as the engine reported it at load", "before_launch": "measured right before launch"
+                        }.get(getattr(self, "free_source", None), "")
                 self.finding("free_after_allocations",
-                             f"{_fmt(free)} MiB free on {device} before loading; {_fmt(used)} MiB already allocated "
-                             f"there (weights, KV, output) left {_fmt(self.free_at_failure)} MiB")
+                             f"{_fmt(free)} MiB free on {device} before loading ({when}); {_fmt(used)} MiB already "
+                             f"allocated there (weights, KV, output) left {_fmt(self.free_at_failure)} MiB"
+                             if when else
+                             f"{_fmt(free)} MiB free on {device}; {_fmt(used)} MiB already allocated there "
+                             f"(weights, KV, output) left {_fmt(self.free_at_failure)} MiB")
+        if out["phase"] not in ("none",) and device:
+            probe = self._collect_time_free(device)
+            if probe is not None:
+                self.finding("free_at_collection",
+                             f"{_fmt(probe)} MiB free on {device} at collection time (after the failure; not used "
+                             "for the verdict)")
         req = out["requested_mib"]
         if out["phase"] == "none":
             out["verdict"] = "unknown"
@@ -721,7 +765,8 @@ class _Diagnosis:
         for entry in self.b.get("devices") or []:
             if isinstance(entry, dict) and entry.get("processes"):
                 names = ", ".join(str(p.get("name")) for p in entry["processes"][:5] if isinstance(p, dict))
-                self.finding("other_processes", f"processes on {entry.get('name') or 'a device'} before launch: {names}")
+                self.finding("other_processes",
+                             f"processes on {entry.get('name') or 'a device'} at collection time: {names}")
 
     def run(self) -> dict:
         engine = self.engine()
