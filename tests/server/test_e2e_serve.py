@@ -206,3 +206,38 @@ def test_oversize_body_under_gunicorn(tmp_path):
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_log_versions_reach_the_regression_view(server, tmp_path):
+    """`kvreport collect --log` reads the build line and the devices from the log; uploaded through
+    `kvreport upload`, they make the regression view of the real server: one signature in b4000,
+    b5000 and b6000, another only in earlier builds."""
+    base, env = server
+    token = run(["admin", "create-token", "builds", "--database-url", env["KVREPORT_DATABASE_URL"]], env).stdout.strip()
+    cids = {}
+    for case, builds in [("pub-012-llamacpp-rocm-2x7900xtx-weights-on-gpu0-only", (6000, 4000, 5000)),
+                         ("loc-17-fail-huge-ctx-verbose", (3000, 3500))]:
+        for build in builds:
+            log = tmp_path / f"{build}.log"
+            log.write_text(f"build: {build} ({build:x}0abc) with cc (GCC) 15.2.1 for x86_64-pc-linux-gnu\n"
+                           + (SHARED_CASES / case / "log.txt").read_text(encoding="utf-8", errors="replace"))
+            out = tmp_path / f"{build}.json"
+            r = run(["collect", "--log", str(log), "-o", str(out), "--yes", "--probe-timeout", "1"], env)
+            assert out.is_file(), r.stderr
+            engine = json.loads(out.read_text())["engine"]
+            assert engine["build_number"] == build and engine["version_source"] == "log"
+            up = run(["upload", str(out), "--server", base, "--token", token, "--json"], env)
+            assert up.returncode == 0, up.stderr
+            cids[case] = json.loads(up.stdout)["cluster"]["id"]
+    a, b = cids.values()
+    detail = requests.get(f"{base}/api/v1/clusters/{a}", timeout=10).json()
+    assert detail["regression"]["first_build"] == 4000 and detail["regression"]["earlier_bundles"] == 2
+    assert [f["value"] for f in detail["facets"]["gpu"]] == ["Radeon RX 7900 XTX"]
+    html = requests.get(f"{base}/clusters/{a}", timeout=10).text
+    text = " ".join(re.sub(r"<[^>]+>", "", re.search(r'id="regression-text">(.*?)</p>', html, re.S).group(1)).split())
+    assert text == ("First seen in b4000 and up to b6000; 0 of 2 bundles of llama.cpp from earlier builds on "
+                    "this server have it.")
+    html = requests.get(f"{base}/clusters/{b}", timeout=10).text
+    assert "no bundle of llama.cpp from an earlier build" in html
+    listing = requests.get(f"{base}/api/v1/clusters?gpu=7900", timeout=10).json()
+    assert [i["id"] for i in listing["items"]] == [a]
