@@ -1,8 +1,9 @@
 """Build the demo bundles shipped in collector/kvreport/examples/ from the real shared cases.
 
 Each example is what `kvreport collect --log <case>/log.txt --command "<case>/command.txt"`
-writes, with the sections that describe *this* machine (host, devices, probes, engine binary)
-removed: they were not part of the public report the log comes from. ``collector.example_of``
+writes, keeping only the facts the public log itself gives (engine version and devices with
+``source: "log"``) and removing what describes *this* machine (host, probed devices, probes,
+engine binary): it was not part of the public report the log comes from. ``collector.example_of``
 names the case. Run from the repository root::
 
     python scripts/make_examples.py [--shared ../shared]
@@ -55,11 +56,14 @@ def main() -> int:
             path = Path(tmp) / "b.json"
             subprocess.run(cmd + ["-o", str(path)], check=True, capture_output=True, text=True)
             bundle = json.loads(path.read_text())
-        bundle["host"], bundle["devices"], bundle["probes"] = {}, [], {}
+        # Keep only what the public log itself says (source "log"); drop this machine's probes.
+        bundle["host"], bundle["probes"] = {}, {}
+        bundle["devices"] = [d for d in bundle.get("devices") or [] if d.get("source") == "log"]
         bundle["memory_before_launch"] = []
         engine = bundle.get("engine") or {}
-        bundle["engine"] = {k: v for k, v in engine.items() if not k.startswith(("binary", "list_devices"))
-                            and k not in ("version_output",)}
+        keep = ("name", "program") + (("version", "build_number", "commit", "version_source")
+                                      if engine.get("version_source") == "log" else ())
+        bundle["engine"] = {k: engine[k] for k in keep if k in engine}
         bundle["collector"]["example_of"] = name
         (args.out / f"{name[:40]}.json").write_text(json.dumps(bundle, indent=1, ensure_ascii=False) + "\n")
         print(f"{name}: {bundle['id']}")
