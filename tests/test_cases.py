@@ -305,3 +305,22 @@ def test_host_buffer_refused_under_a_memory_cap_suggests_raising_the_limit(case)
     assert top["id"] == "raise-memory-limit" and f"ulimit -v {cap}" in top["expected"], top
     assert "/sys/fs/cgroup/memory.max" in top["why"]
     assert not any(s["id"] in ("bisect-regression", "free-device-memory") for s in d["suggestions"])
+
+
+_CAUSES = {"loc-32": "n_seq_max must be <= 256", "loc-36": "does not support different K (q8_0) and V (f16)",
+           "loc-38": "not within the file bounds", "loc-40": "unknown model architecture: 'tinyfoo'"}
+
+
+@pytest.mark.parametrize("prefix", sorted(_CAUSES))
+def test_non_memory_failure_shows_its_cause_and_no_invented_kv(prefix):
+    """QA #5: the specific reason, not the generic 'exiting due to model loading error', is final_error
+    and is printed; no KV line is made up when no cache was configured or sized."""
+    from kvreport.render import render_text
+
+    case = next(c for c in CASES if c.name.startswith(prefix + "-"))
+    d = analyze_text((case / "log.txt").read_text(errors="replace"))
+    assert d["failure"]["phase"] == "unknown"
+    assert _CAUSES[prefix] in d["failure"]["final_error"]
+    assert d["memory"]["kv_required_mib"] is None
+    text = render_text(d)
+    assert _CAUSES[prefix] in text and "KV cache:" not in text

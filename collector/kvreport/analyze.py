@@ -331,7 +331,10 @@ class _Diagnosis:
             self.has_memory_event = True
         elif engine_events or configs or finals:
             out["phase"] = "unknown"
-            out["final_error"] = f.final_error or (engine_events or configs or finals)[-1]["line"]
+            # the deepest specific reason (``n_seq_max must be <= 256``, ``error loading model: ...``), not the
+            # generic epilogue (``exiting due to model loading error``) that follows it
+            out["final_error"] = (f.cause_error if configs else None) or f.final_error or \
+                (engine_events or configs or finals)[-1]["line"]
             weak = [e for e in engine_events if e.get("weak")]
             if weak:
                 self.weak = True
@@ -628,6 +631,8 @@ class _Diagnosis:
             inputs["head_dim_v"] = dv[0] if len(dv) == 1 else (dv or None)
             inputs["n_swa"] = shape.n_swa or None
             n_ctx = cfg_d["n_ctx"] or shape.n_ctx_train or 4096
+            unsized = not cfg_d["n_ctx"] and failure["phase"] == "unknown" and not self.has_memory_event \
+                and not self.f.kv_caches
             if not cfg_d["n_ctx"]:
                 inputs["source"] = "assumed"
                 inputs["n_ctx"] = n_ctx
@@ -636,8 +641,12 @@ class _Diagnosis:
                                    cache_type_k=cfg_d["cache_type_k"], cache_type_v=cfg_d["cache_type_v"],
                                    flash_attn=cfg_d["flash_attn"] is not False, swa_full=cfg_d["swa_full"],
                                    n_ubatch=cfg_d["n_ubatch"] or 512, build=build)
-            size = kvcache.kv_size(shape, cfg)
-            inputs["n_ctx"] = size.n_ctx
+            if unsized:
+                # no cache was configured or sized before a failure that is not about memory: print no KV
+                inputs["n_ctx"] = None
+            else:
+                size = kvcache.kv_size(shape, cfg)
+                inputs["n_ctx"] = size.n_ctx
         printed, printed_dry = self.printed_kv()
         computed = size.kv_mib if size is not None else None
         if printed is not None and not printed_dry:

@@ -61,7 +61,8 @@ def render_text(diagnosis: dict, bundle: dict | None = None) -> str:
         if f.get("allocator_error"):
             out.append(f"  deepest:  {f['allocator_error'][:200]}")
         if f.get("final_error"):
-            out.append(f"  final:    {f['final_error'][:200]}")
+            label = "cause:   " if phase == "unknown" else "final:   "
+            out.append(f"  {label} {f['final_error'][:300]}")
     inp = m.get("inputs") or {}
     if m.get("kv_required_mib") is not None:
         line = f"  KV cache: {_mib(m['kv_required_mib'])} MiB"
@@ -98,5 +99,5 @@ def render_text(diagnosis: dict, bundle: dict | None = None) -> str:
             if s.get("expected"):
                 out.append(f"     expected: {s['expected']}")
     elif phase not in ("none",):
-        out.append("No memory fix applies: read the final error above.")
+        out.append("No memory fix applies: the cause line above says what the engine refused.")
     return "\n".join(out) + "\n"

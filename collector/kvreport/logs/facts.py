@@ -39,7 +39,9 @@ class LogFacts:
       the buffer was for), ``retry`` (``retrying without pipeline parallelism``), ``alloc_ok`` (a
       buffer that was allocated), ``success`` (the engine came up), ``config`` (a refusal that
       is not about memory), ``engine`` (a vLLM / SGLang / Ollama / TGI failure with its phase).
-    * ``final_error``: the last fatal line; ``error_lines`` a few error lines in order.
+    * ``final_error``: the last fatal line; ``cause_error`` the last *specific* reason line
+      (``failed to initialize the context: n_seq_max must be <= 256``, ``error loading model: ...``,
+      ``does not support different K (q8_0) and V (f16) cache types``), not a generic epilogue; ``error_lines`` a few error lines in order.
     """
 
     line_count: int = 0
@@ -63,6 +65,7 @@ class LogFacts:
     fit: dict | None = None
     events: list = field(default_factory=list)
     final_error: str | None = None
+    cause_error: str | None = None
     error_lines: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
     vllm: dict = field(default_factory=dict)

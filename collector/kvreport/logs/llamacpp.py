@@ -506,6 +506,7 @@ def _feed_failure(f: LogFacts, line: str, lineno: int) -> bool:
         f.add_event("config", lineno, line, what=m.group(1).strip())
         f.add_error(line)
         f.final_error = line
+        f.cause_error = line[:2000]
         return True
     if _CONFIG.search(line):
         if " W " in line[:20] or "warning" in line.lower()[:40]:
@@ -513,6 +514,7 @@ def _feed_failure(f: LogFacts, line: str, lineno: int) -> bool:
         f.add_event("config", lineno, line, what=line.strip()[-200:])
         f.add_error(line)
         f.final_error = line
+        f.cause_error = line[:2000]
         return True
     if _FINAL.search(line):
         f.add_event("final", lineno, line)
