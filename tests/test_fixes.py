@@ -33,15 +33,28 @@ def test_kv_failure_reduce_ctx_first_with_exact_numbers():
     assert f["requested_mib"] == 16384.0 and f["free_mib"] == 15221.0
     assert d["memory"]["kv_required_mib"] == 16384.0
     assert d["memory"]["kv_mib_per_1k_tokens"] == 128.0
-    # 15221 - 4403.49 MiB of weights = 10817.51 MiB left; 128 KiB per token -> 86540 -> 86528 (multiple of 256)
-    assert d["memory"]["max_ctx_fit"]["f16"] == 86528
+    # 15221 - 4403.49 MiB of weights = 10817.51 MiB left, minus llama.cpp's 1024 MiB --fit margin for the compute
+    # buffer (the log printed none) = 9793.51 MiB; 128 KiB per token -> 78348 -> 78336 (multiple of 256)
+    assert d["memory"]["max_ctx_fit"]["f16"] == 78336
+    assert any(x["kind"] == "kv_headroom" and "1,024 MiB" in x["text"] for x in d["findings"])
     top = d["suggestions"][0]
     assert top["id"] == "reduce-ctx"
-    assert top["change"] == {"--ctx-size": 86528}
-    assert top["command"] == "llama-server -m model.gguf -c 86528 -ngl 99"
-    assert "10,818 MiB free" in top["expected"]
+    assert top["change"] == {"--ctx-size": 78336}
+    assert top["command"] == "llama-server -m model.gguf -c 78336 -ngl 99"
+    assert "9,794 MiB available for the KV" in top["expected"]
+    assert "compute buffer" in top["why"] and "-fitt" in top["why"]
     ids = [s["id"] for s in d["suggestions"]]
     assert ids.index("quantize-kv-cache") > 0 and "kv-cache-on-host" in ids
+
+
+def test_reduce_ctx_keeps_the_compute_buffer_the_log_printed():
+    log = KV_FAIL.replace("load_tensors:        CUDA0 model buffer size =  4403.49 MiB",
+                          "load_tensors:        CUDA0 model buffer size =  4403.49 MiB\n"
+                          "llama_context:      CUDA0 compute buffer size =   300.00 MiB")
+    d = analyze_text(log, "llama-server -m model.gguf -c 131072 -ngl 99")
+    top = d["suggestions"][0]
+    assert top["id"] == "reduce-ctx"
+    assert "300 MiB compute buffer the log printed for CUDA0" in top["why"]
 
 
 def test_fits_but_failed_points_at_regression():
@@ -158,7 +171,8 @@ def test_fit_dry_run_that_never_finished_is_the_failure():
 
 def test_reduce_ctx_from_the_failed_kv_buffer_fits_the_free_memory():
     """No model parameters, but the failed KV buffer (131072 MiB) and n_ctx (1048576) give 128 KiB per token; with
-    100000 MiB free the largest multiple of 256 that fits is 800000 (pub-001's log)."""
+    100000 MiB free, less llama.cpp's 1024 MiB --fit margin for the compute buffer, the largest multiple of 256 that
+    fits is (100000 - 1024) * 8 = 791808 (pub-001's log)."""
     from kvreport.analyze import analyze
     from tests.paths import SHARED_CASES
 
@@ -166,10 +180,10 @@ def test_reduce_ctx_from_the_failed_kv_buffer_fits_the_free_memory():
     bundle = {"log": {"lines": text.splitlines()}, "memory_before_launch": [{"device": "CPU", "free_mib": 100000}]}
     d = analyze(bundle)
     assert d["memory"]["kv_mib_per_1k_tokens"] == 128.0
-    assert d["memory"]["max_ctx_fit"]["f16"] == 800000
+    assert d["memory"]["max_ctx_fit"]["f16"] == 791808
     top = d["suggestions"][0]
-    assert top["id"] == "reduce-ctx" and top["change"] == {"--ctx-size": 800000}
-    assert "derived from the failed KV buffer" in top["expected"] and "100,000 MiB free" in top["expected"]
+    assert top["id"] == "reduce-ctx" and top["change"] == {"--ctx-size": 791808}
+    assert "derived from the failed KV buffer" in top["expected"] and "100,000 MiB free less 1,024 MiB" in top["expected"]
     # without the free memory: half the context, said to be a starting point, with the KV it would need
     d = analyze({"log": {"lines": text.splitlines()}})
     top = d["suggestions"][0]

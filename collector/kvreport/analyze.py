@@ -743,7 +743,24 @@ class _Diagnosis:
         if free is None:
             return None
         if failure["phase"] == "kv_cache":
-            return free
+            # leave room for the compute buffer llama.cpp allocates on the same device right after the KV: the one
+            # the log printed for that device (real attempt, else the fit dry run), else llama.cpp's --fit target
+            # margin (-fitt, 1024 MiB; kvreport.fit.DEFAULT_HEADROOM_MIB), as ``kvreport fit`` does
+            dev = failure.get("failing_device")
+            comp = [b["mib"] for b in self.f.buffers if b.get("kind") == "compute" and dev and b.get("device") == dev
+                    and b.get("mib")]
+            if comp:
+                head, why = max(comp), f"the {_fmt(max(comp))} MiB compute buffer the log printed for {dev}"
+            else:
+                from kvreport.fit import DEFAULT_HEADROOM_MIB
+
+                head, why = DEFAULT_HEADROOM_MIB, (f"{_fmt(DEFAULT_HEADROOM_MIB)} MiB for the compute buffer "
+                                                   "(llama.cpp's --fit target margin, -fitt)")
+            self.headroom_mib, self.headroom_why = head, why
+            budget = max(0.0, free - head)
+            self.finding("kv_headroom", f"max_ctx_fit counts the KV alone within the {_fmt(free)} MiB left on "
+                         f"{dev or 'the failing device'} minus {why}: {_fmt(budget)} MiB")
+            return budget
         if failure["phase"] == "compute_buffer" and failure["requested_mib"] is not None:
             # the KV was already allocated there; it must leave room for the compute buffer
             mine = kv * self._kv_share(failure.get("failing_device")) if kv else 0.0
@@ -835,7 +852,8 @@ class _Diagnosis:
             weak=self.weak, has_memory_event=self.has_memory_event,
             kv_basis="failed_buffer" if bpt is not None and size is None else ("model" if size is not None else None),
             n_gpu_layers_log=f.ollama.get("num_gpu"), kv_budget_mib=getattr(self, "budget_mib", None),
-            kv_share=self._kv_share(failure.get("failing_device")))
+            kv_share=self._kv_share(failure.get("failing_device")),
+            kv_headroom_mib=getattr(self, "headroom_mib", None), kv_headroom_why=getattr(self, "headroom_why", None))
 
 
 def _r2(x) -> float | None:

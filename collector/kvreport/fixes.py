@@ -50,6 +50,8 @@ class Situation:
     ``kv_budget_mib``: the MiB the KV may use on the failing device, the budget ``max_ctx_fit`` was computed against
     (free memory at the failure for a KV failure; that plus the device's own KV minus the compute buffer for a compute
     failure). ``kv_share``: the fraction of the KV on the failing device (per-device KV buffer lines).
+    ``kv_headroom_mib`` / ``kv_headroom_why``: for a KV failure, what was kept out of ``kv_budget_mib`` for the compute
+    buffer (the one the log printed for the device, else llama.cpp's --fit margin of 1024 MiB) and why.
     """
 
     engine: str = "unknown"
@@ -90,6 +92,8 @@ class Situation:
     n_gpu_layers_log: int | None = None
     kv_budget_mib: float | None = None
     kv_share: float = 1.0
+    kv_headroom_mib: float | None = None
+    kv_headroom_why: str | None = None
 
 
 def _mib(x: float | None) -> str:
@@ -196,6 +200,9 @@ def _reduce_ctx(b: _Builder, rank: float) -> None:
     dev = s.failing_device or "the failing device"
     if s.phase == "compute_buffer" and s.kv_budget_mib is not None:
         room = f"the {_mib(budget)} MiB {dev} has for the KV once the {_mib(s.requested_mib)} MiB compute buffer fits"
+    elif s.kv_headroom_mib:
+        room = (f"the {_mib(budget)} MiB left on {dev} once {s.kv_headroom_why or _mib(s.kv_headroom_mib) + ' MiB'} "
+                "is kept free (llama.cpp allocates the compute buffer on the same device right after the KV)")
     else:
         room = f"the {_mib(budget)} MiB left on {dev}"
     if fit is not None and fit <= 0:
@@ -244,9 +251,13 @@ def _of_budget(s: Situation, budget: float | None) -> str:
     """ " of Y MiB free" for an ``expected`` text: the KV budget of the failing device max_ctx_fit used."""
     if budget is None:
         return ""
-    what = "available for the KV" if s.phase == "compute_buffer" and s.kv_budget_mib is not None else "free"
+    what = "available for the KV" if (s.phase == "compute_buffer" and s.kv_budget_mib is not None) \
+        or s.kv_headroom_mib else "free"
     if s.kv_share and s.kv_share < 0.999:
         return f" in total, {s.kv_share:.0%} of it on {s.failing_device} within its {_mib(budget)} MiB {what}"
+    if s.kv_headroom_mib and not (s.phase == "compute_buffer" and s.kv_budget_mib is not None):
+        return (f" of {_mib(budget)} MiB {what} ({_mib(budget + s.kv_headroom_mib)} MiB free less "
+                f"{_mib(s.kv_headroom_mib)} MiB kept for the compute buffer)")
     return f" of {_mib(budget)} MiB {what}"
 
 

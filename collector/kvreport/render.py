@@ -80,7 +80,7 @@ def render_text(diagnosis: dict, bundle: dict | None = None) -> str:
     fits = m.get("max_ctx_fit")
     if fits:
         out.append("  fits:     " + " · ".join(f"{t} {n:,} tokens" for t, n in fits.items())
-                   + " (KV alone, in the memory left on the failing device)")
+                   + " (KV alone, in the memory left for it on the failing device)")
     fit = m.get("fit")
     if fit and fit.get("ran"):
         ch = ", ".join(f"{k} {v[0]} -> {v[1]}" for k, v in (fit.get("changed") or {}).items())
