@@ -268,3 +268,21 @@ def test_gpu_buffer_that_fits_keeps_bisect_regression_and_no_memory_limit():
     assert "bisect-regression" in ids and "raise-memory-limit" not in ids
     fd = next(x for x in suggest(s, limit=8) if x["id"] == "free-device-memory")
     assert "were free when measured" in fd["expected"]
+
+
+def test_reduce_parallel_without_the_requested_ctx_gives_the_bound_from_the_rounding_warning():
+    """QA #9: loc-29 from the log alone (-c unknown; the log shows n_ctx 65536 after 'rounding down to 65536'):
+    the KV at one slot is a range, not the current 32,768 MiB."""
+    from tests.paths import SHARED_CASES
+
+    text = next(SHARED_CASES.glob("loc-29-*")).joinpath("log.txt").read_text()
+    d = analyze_text(text)
+    s = next(x for x in d["suggestions"] if x["id"] == "reduce-parallel")
+    assert s["expected"].startswith("KV between 128 and 32,768 MiB with 1 slot")
+    assert "-c 65536" not in s["why"] and "between 1 and 65536 tokens" in s["why"]
+
+
+def test_reduce_parallel_that_saves_nothing_is_dropped():
+    s = Situation(engine="llama.cpp", phase="kv_cache", backend="cuda", n_ctx=8192, n_seq=4, kv_mib=1024.0,
+                  cache_type_k="f16", cache_type_v="f16", kv_at=lambda **kw: 1024.0)
+    assert "reduce-parallel" not in [x["id"] for x in suggest(s)]

@@ -717,6 +717,16 @@ class _Diagnosis:
         self.budget_mib = budget_mib
         return mem, cfg_d
 
+    def _rounded_ctx(self) -> int | None:
+        """N from ``n_ctx is not divisible by n_seq_max - rounding down to N`` (llama_context, llama.cpp)."""
+        for w in self.f.warnings:
+            if "rounding down to" in w:
+                n = to_int(w.rsplit("rounding down to", 1)[1].strip().split()[0].rstrip(".,")) if \
+                    w.rsplit("rounding down to", 1)[1].strip() else None
+                if n:
+                    return n
+        return None
+
     def _single_kv_device(self, device: str | None) -> bool:
         """True when the log shows the KV on one device only (the failed buffer is then the whole KV)."""
         f = self.f
@@ -853,7 +863,7 @@ class _Diagnosis:
             kv_basis="failed_buffer" if bpt is not None and size is None else ("model" if size is not None else None),
             n_gpu_layers_log=f.ollama.get("num_gpu"), kv_budget_mib=getattr(self, "budget_mib", None),
             kv_share=self._kv_share(failure.get("failing_device")),
-            kv_headroom_mib=getattr(self, "headroom_mib", None), kv_headroom_why=getattr(self, "headroom_why", None))
+            n_ctx_rounded=self._rounded_ctx(), kv_headroom_mib=getattr(self, "headroom_mib", None), kv_headroom_why=getattr(self, "headroom_why", None))
 
 
 def _r2(x) -> float | None:

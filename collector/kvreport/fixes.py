@@ -50,6 +50,7 @@ class Situation:
     ``kv_budget_mib``: the MiB the KV may use on the failing device, the budget ``max_ctx_fit`` was computed against
     (free memory at the failure for a KV failure; that plus the device's own KV minus the compute buffer for a compute
     failure). ``kv_share``: the fraction of the KV on the failing device (per-device KV buffer lines).
+    ``n_ctx_rounded``: N from llama.cpp's ``n_ctx is not divisible by n_seq_max - rounding down to N`` warning.
     ``kv_headroom_mib`` / ``kv_headroom_why``: for a KV failure, what was kept out of ``kv_budget_mib`` for the compute
     buffer (the one the log printed for the device, else llama.cpp's --fit margin of 1024 MiB) and why.
     """
@@ -93,6 +94,7 @@ class Situation:
     kv_budget_mib: float | None = None
     kv_share: float = 1.0
     kv_headroom_mib: float | None = None
+    n_ctx_rounded: int | None = None
     kv_headroom_why: str | None = None
 
 
@@ -266,20 +268,46 @@ def _type_key(t: str | None) -> str:
 
 
 def _reduce_parallel(b: _Builder, rank: float) -> None:
+    """reduce-parallel: one slot instead of ``n_seq``.
+
+    The KV at one slot is computed for the context the user asked for (``n_ctx_requested``, from the command). When
+    that is unknown and the log has llama.cpp's per-slot rounding warning (``n_ctx is not divisible by n_seq_max -
+    rounding down to N``: each slot was padded UP to a multiple of 256 cells, so -c was at most N and above
+    N - 256 * n_seq), the expected KV is given as that range. Without either, a suggestion whose KV at one slot is
+    the current KV (it would save nothing) is dropped.
+    """
     s = b.s
     if not s.n_seq or s.n_seq <= 1:
         return
-    kv_new = _kv(s, n_seq=1, n_ctx=s.n_ctx_requested or s.n_ctx)
-    kv_unified = _kv(s, kv_unified=True, n_ctx=s.n_ctx_requested or s.n_ctx)
+    req = s.n_ctx_requested
     change = {"OLLAMA_NUM_PARALLEL": 1} if _is_ollama(s) else {"--parallel": 1}
+    rounded = s.n_ctx_rounded if not req and s.n_ctx_rounded else None
+    if rounded:
+        lo = max(1, rounded - 256 * s.n_seq + 1)
+        kv_lo, kv_hi = _kv(s, n_seq=1, n_ctx=lo), _kv(s, n_seq=1, n_ctx=rounded)
+        expected = (f"KV between {_mib(kv_lo)} and {_mib(kv_hi)} MiB with 1 slot, depending on the -c you gave "
+                    f"(now {_mib(s.kv_mib)} MiB with {s.n_seq} slots)" if kv_lo is not None and kv_hi is not None
+                    else f"1 sequence instead of {s.n_seq}")
+        b.add(rank, "reduce-parallel", f"Use 1 parallel slot instead of {s.n_seq}", change, expected,
+              f"With {s.n_seq} slots and a non-unified cache each slot gets n_ctx/{s.n_seq} cells rounded UP to 256 "
+              f"(llama.cpp's warning says 'rounding down to {rounded}'), so the log shows only the rounded n_ctx "
+              f"{rounded}: the -c given was between {lo} and {rounded} tokens. With one slot the KV is sized for -c "
+              "itself (playbook step 2).")
+        return
+    kv_new = _kv(s, n_seq=1, n_ctx=req or s.n_ctx)
+    if not req and kv_new is not None and s.kv_mib and kv_new >= s.kv_mib * 0.99:
+        return  # the requested -c is unknown and one slot at the same n_ctx saves nothing
+    kv_unified = _kv(s, kv_unified=True, n_ctx=req or s.n_ctx)
     alt = ""
     if not _is_ollama(s) and s.kv_unified is False and kv_unified is not None:
         alt = f" Keeping {s.n_seq} slots with --kv-unified (one shared stream) would need {_mib(kv_unified)} MiB."
     b.add(rank, "reduce-parallel", f"Use 1 parallel slot instead of {s.n_seq}", change,
           f"KV {_mib(kv_new)} MiB (now {_mib(s.kv_mib)} MiB with {s.n_seq} slots)" if kv_new is not None
           else f"1 sequence instead of {s.n_seq}",
-          f"With {s.n_seq} slots and a non-unified cache each slot gets n_ctx/{s.n_seq} cells rounded UP to 256, so "
-          f"-c {s.n_ctx_requested or s.n_ctx} became {s.n_ctx} cells (playbook step 2).{alt}")
+          (f"With {s.n_seq} slots and a non-unified cache each slot gets n_ctx/{s.n_seq} cells rounded UP to 256, so "
+           f"-c {req} became {s.n_ctx} cells (playbook step 2).{alt}") if req else
+          (f"With {s.n_seq} slots each slot holds its own share of the {s.n_ctx} cells; one slot gives one sequence "
+           f"the whole context (playbook step 2).{alt}"))
 
 
 def _quantize(b: _Builder, rank: float) -> None:
