@@ -55,7 +55,9 @@ def R():
     ("X-Api-Key: abcdef123", "X-Api-Key: <token>"),
     ('{"apiKey": "abcdef123", "max_tokens": 16}', '{"apiKey": "<token>", "max_tokens": 16}'),
     ("Namespace(port=8000, api_key=['k1abc', 'k2abc'], hf_token=None)",
-     "Namespace(port=8000, api_key=['<token>', 'k2abc'], hf_token=None)"),  # the second item: see below
+     "Namespace(port=8000, api_key=['<token>', '<token>'], hf_token=None)"),
+    ('{"api_key": ["k1abc", "k2abc"], "n_tokens": [1, 2], "token": [5, 6]}',
+     '{"api_key": ["<token>", "<token>"], "n_tokens": [1, 2], "token": [5, 6]}'),
     ('Args { api_key: Some("tgi-key-1"), max_total_tokens: Some(11000) }',
      'Args { api_key: Some("<token>"), max_total_tokens: Some(11000) }'),
     ('log {\\"api_key\\": \\"abc123\\"}', 'log {\\"api_key\\": \\"<token>\\"}'),
@@ -128,6 +130,7 @@ def test_list_under_a_secret_key_is_redacted_item_by_item():
     "--cors-credentials --port 8080 LLAMA_ARG_CORS_CREDENTIALS=1",
     "--override-kv KEY=TYPE:VALUE,...        advanced option to override model metadata by key",
     "--api-key KEY                           API key to use for authentication",
+    "--api-key API_KEY  OpenAI API key. --allow-credentials --port 8000",
     "-hft,  --hf-token TOKEN                 Hugging Face access token (default: value from HF_TOKEN",
     "--hf-token [HF_TOKEN]  The token to use as HTTP bearer authorization",
     "--hf-token $HF_TOKEN -e HF_TOKEN HF_TOKEN=${HF_TOKEN} api_key=****",
@@ -226,7 +229,7 @@ def test_is_secret_key():
                  "keys", "key_length", "--max-total-tokens", "kv_size", "n_embd_k_gqa", "type_k",
                  "LLAMA_ARG_CACHE_TYPE_K", "key", "KEY", "key1", "bos_token", "eos_token", "pad_token", "cache_key",
                  "public_key", "--cors-credentials", "LLAMA_ARG_CORS_CREDENTIALS", "bypass", "add_bos_token",
-                 "bos_token_id", "LLAMA_ARG_SSL_KEY_FILE"):
+                 "bos_token_id", "LLAMA_ARG_SSL_KEY_FILE", "--allow-credentials"):
         assert not is_secret_key(name), name
     assert secret_name_strength("token") == 1 and secret_name_strength("HF_TOKEN") == 2
     assert secret_name_strength("--api-key") == 2 and secret_name_strength("mykey") == 0
@@ -382,7 +385,8 @@ _LOG_TEMPLATES = [
     ("({n}={v})", _ENV_NAMES), ("[{n}={v}]", _ENV_NAMES), ("{n}={v}.", _ENV_NAMES), ("{n}={v},", _ENV_NAMES),
     ("env=map[{n}:{v} OLLAMA_HOST:0.0.0.0]", _ENV_NAMES),
     ('{{"{n}": "{v}"}}', _KEY_NAMES), ("{{'{n}': '{v}'}}", _KEY_NAMES), ("{n}='{v}',", _KEY_NAMES),
-    ("Namespace({n}=['{v}'])", _KEY_NAMES), ('{n}: Some("{v}")', _KEY_NAMES), ("{n}: {v}", _KEY_NAMES),
+    ("Namespace({n}=['{v}'])", _KEY_NAMES), ("Namespace({n}=['k0abc', '{v}'])", _KEY_NAMES),
+    ('{{"{n}": ["k0abc", "{v}"]}}', _KEY_NAMES), ('{n}: Some("{v}")', _KEY_NAMES), ("{n}: {v}", _KEY_NAMES),
     ("{n} = {v}", _KEY_NAMES), ('log {{\\"{n}\\": \\"{v}\\"}}', _KEY_NAMES),
     ("--{n} {v}", _FLAG_NAMES), ("--{n}={v}", _FLAG_NAMES), ('--{n} "{v}"', _FLAG_NAMES), ("-hft {v}", [""]),
     ("Authorization: Bearer {v}", [""]), ('"Authorization": "Bearer {v}"', [""]), ("X-Api-Key: {v}", [""]),

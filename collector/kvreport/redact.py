@@ -186,7 +186,7 @@ _PLACEHOLDER = re.compile(r"^<(?:token|credentials|home|user|host|ip-\d+|email-\
 def _not_a_secret(value: str, strength: int) -> bool:
     """Whether ``value`` (unquoted) under a secret name of ``strength`` is no secret (see the module docstring)."""
     v = value.strip()
-    if not v or _ANY_PLACEHOLDER.fullmatch(v):
+    if not v or not _ANY_PLACEHOLDER.sub("", v).strip(",;:/ "):  # "<token>", "<token>,<token>"
         return True
     if v.lower() in _NON_VALUES or v.strip("[]").lower() in _METAVARS and v.strip("[]").isupper():
         return True
@@ -216,6 +216,11 @@ _FLAG = re.compile(r"(?<![\w-])(?P<pre>--?(?P<name>[A-Za-z][A-Za-z0-9_-]*)(?:[ \
 _ASSIGN = re.compile(
     r"(?<![\w$.@/\\])(?P<pre>(?P<q>\\?[\"'])?(?:\$env:)?(?P<name>[A-Za-z_][A-Za-z0-9_-]*)(?(q)(?P=q))"
     r"[ \t]*(?:=(?!=)|:(?![:/]))[ \t]*" + _WRAP + r")(?=(?P<val>" + _VAL + r"))", re.I)
+# a list under a secret name: vLLM's Namespace(api_key=['k1', 'k2']), JSON "api_key": ["k1", "k2"]
+_ASSIGN_LIST = re.compile(
+    r"(?<![\w$.@/\\])(?P<q>\\?[\"'])?(?P<name>[A-Za-z_][A-Za-z0-9_-]*)(?(q)(?P=q))[ \t]*[=:][ \t]*"
+    r"\[(?P<items>[^\[\]\n]*)\]")
+_LIST_ITEM = re.compile(r"(?P<val>\\\"[^\"\\\n]*\\\"|\"[^\"\n]*\"|'[^'\n]*'|[^\s,\"']+)")
 _SPACE_ASSIGN = re.compile(
     r"(?P<pre>(?:\bsetenv|\bset(?:[ \t]+-[A-Za-z]+)*|\bENV|\bARG)[ \t]+(?P<name>[A-Za-z_][A-Za-z0-9_]*)[ \t]+)"
     r"(?=(?P<val>" + _VAL_NO_DASH + r"))", re.M)
@@ -373,6 +378,21 @@ class Redactor:
         out.append(text[pos:])
         return "".join(out)
 
+    def _redact_list(self, m: re.Match) -> str:
+        level = secret_name_strength(m.group("name"))
+        if not level:
+            return m.group(0)
+
+        def item(im: re.Match) -> str:
+            open_q, bare, close_q = _unquote(im.group("val"))
+            if _not_a_secret(bare, level):
+                return im.group(0)
+            self.counts["secret_env"] += 1
+            return f"{open_q}<token>{close_q}"
+
+        start, end = m.span("items")
+        return m.group(0)[:start - m.start()] + _LIST_ITEM.sub(item, m.group("items")) + m.group(0)[end - m.start():]
+
     def redact_text(self, text: str) -> str:
         """``text`` with every secret and identity replaced (counts added to ``self.counts``)."""
         if not text:
@@ -395,6 +415,8 @@ class Redactor:
             text = self._sub_value(_FLAG, "secret_flag", text, lambda m: (
                 2 if m.group("name") in ("hft", "hfrt") else secret_name_strength(m.group("name"))))
             text = self._sub_value(_SPACE_ASSIGN, "secret_env", text, lambda m: secret_name_strength(m.group("name")))
+            if "[" in text:
+                text = _ASSIGN_LIST.sub(self._redact_list, text)
             text = self._sub_value(_ASSIGN, "secret_env", text, lambda m: secret_name_strength(m.group("name")))
 
         def token(m: re.Match) -> str:
