@@ -286,3 +286,22 @@ def test_reduce_parallel_that_saves_nothing_is_dropped():
     s = Situation(engine="llama.cpp", phase="kv_cache", backend="cuda", n_ctx=8192, n_seq=4, kv_mib=1024.0,
                   cache_type_k="f16", cache_type_v="f16", kv_at=lambda **kw: 1024.0)
     assert "reduce-parallel" not in [x["id"] for x in suggest(s)]
+
+
+def _gguf(n_head_kv: int) -> dict:
+    return {"general.architecture": "llama", "llama.block_count": 32, "llama.context_length": 131072,
+            "llama.embedding_length": 4096, "llama.attention.head_count": 32,
+            "llama.attention.head_count_kv": n_head_kv}
+
+
+def test_a_gguf_that_disagrees_with_the_log_does_not_override_it():
+    """QA #10: the engine's printed geometry (32 x 8 x 128) wins over a --model GGUF of another shape."""
+    lines = [[i, t] for i, t in enumerate(KV_FAIL.splitlines(), 1)]
+    bare = analyze({"log": {"lines": lines}})
+    d = analyze({"log": {"lines": lines}, "model": {"gguf": _gguf(32)}})
+    assert d["memory"]["kv_mib_per_1k_tokens"] == bare["memory"]["kv_mib_per_1k_tokens"] == 128.0
+    assert d["memory"]["max_ctx_fit"] == bare["memory"]["max_ctx_fit"]
+    assert any(x["kind"] == "gguf_log_mismatch" for x in d["findings"])
+    same = analyze({"log": {"lines": lines}, "model": {"gguf": _gguf(8)}})
+    assert same["memory"]["inputs"]["source"] == "gguf"
+    assert not any(x["kind"] == "gguf_log_mismatch" for x in same["findings"])

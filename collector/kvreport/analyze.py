@@ -570,25 +570,45 @@ class _Diagnosis:
                 "n_ubatch": n_ubatch, "n_batch": n_batch}
 
     def shape(self):
+        """The model geometry: what the engine printed (print_info / llm_load_print_meta hparams, the
+        ``llama_model_loader: - kv`` lines) first; the GGUF metadata the collector read
+        (``bundle.model.gguf``, ``--model``) only when the log has none, or when it agrees with the log (it is
+        then the more exact of the two: full per-layer arrays). A GGUF that disagrees with the log (another
+        file than the one the engine loaded) becomes a ``gguf_log_mismatch`` finding and is not used."""
         try:
             from kvreport import kvcache
         except Exception:  # noqa: BLE001
             return None, None
         model = self.b.get("model") if isinstance(self.b.get("model"), dict) else {}
         meta = model.get("gguf") if isinstance(model.get("gguf"), dict) else None
+        from_gguf = from_log = None
         if meta:
             try:
                 from kvreport.gguf_meta import shape_from_metadata
 
-                return kvcache, shape_from_metadata(meta)
+                from_gguf = shape_from_metadata(meta)
             except Exception:  # noqa: BLE001 - fall back to the log
-                pass
+                from_gguf = None
         if self.f.hparams or self.f.gguf_kv:
             try:
-                return kvcache, kvcache.shape_from_hparams(self.f.hparams, self.f.gguf_kv)
+                from_log = kvcache.shape_from_hparams(self.f.hparams, self.f.gguf_kv)
             except Exception:  # noqa: BLE001
-                return kvcache, None
-        return kvcache, None
+                from_log = None
+        if from_gguf is not None and from_log is not None:
+            def geo(x):
+                return (x.n_layer, tuple(x.n_head_kv), tuple(x.head_dim_k), tuple(x.head_dim_v))
+
+            if geo(from_gguf) != geo(from_log):
+                def words(x):
+                    heads = sorted(set(x.n_head_kv))
+                    dims = sorted(set(x.head_dim_k))
+                    return (f"{x.n_layer} layers x {heads[0] if len(heads) == 1 else heads} KV heads x "
+                            f"{dims[0] if len(dims) == 1 else dims} head dim")
+                self.finding("gguf_log_mismatch", f"the model file given ({words(from_gguf)}) does not match the model "
+                             f"the engine printed in its log ({words(from_log)}); the log's geometry is used")
+                return kvcache, from_log
+            return kvcache, from_gguf
+        return kvcache, (from_log if from_log is not None else from_gguf)
 
     def printed_kv(self) -> tuple[float | None, bool]:
         """The KV MiB the engine printed for its last real attempt (or for the fit dry run)."""
