@@ -284,7 +284,7 @@ def test_suggestion_texts_agree_with_the_numbers(case):
             mm = re.search(r"([\d,.]+) MiB requested with ([\d,.]+) MiB free", exp)
             assert mm and _num(mm.group(1)) <= _num(mm.group(2)), exp
         elif sid == "raise-memory-limit":
-            assert host and f["verdict"] == "fits_but_failed", f
+            assert host and f["verdict"] in ("fits_but_failed", "exceeds_alloc_limit"), f
             assert f"{f['requested_mib']:,.0f}" in exp or f"{f['requested_mib']:,.2f}" in exp, exp
 
 
@@ -299,7 +299,8 @@ def test_host_buffer_refused_under_a_memory_cap_suggests_raising_the_limit(case)
     reported was refused. Their expected.json do not judge the ranking (top_suggestions_ok is empty); the reasoning
     (kvreport.fixes._raise_memory_limit) is that no regression explains it and a per-process cap does."""
     d = _diagnose(case)
-    assert d["failure"]["verdict"] == "fits_but_failed" and d["failure"]["backend"] == "cpu"
+    # the command's `ulimit -v` is recorded (command.limits): the verdict names the cap
+    assert d["failure"]["verdict"] == "exceeds_alloc_limit" and d["failure"]["backend"] == "cpu"
     top = d["suggestions"][0]
     cap = json.loads((case / "case.json").read_text())["memory_cap_kib"]
     assert top["id"] == "raise-memory-limit" and f"ulimit -v {cap}" in top["expected"], top
@@ -324,3 +325,31 @@ def test_non_memory_failure_shows_its_cause_and_no_invented_kv(prefix):
     assert d["memory"]["kv_required_mib"] is None
     text = render_text(d)
     assert _CAUSES[prefix] in text and "KV cache:" not in text
+
+
+@pytest.mark.parametrize("prefix", ["loc-21", "loc-23", "loc-41", "loc-56"])
+def test_a_recorded_process_limit_makes_the_verdict_exceeds_alloc_limit(prefix):
+    """QA #7 / collector limits: a host allocation refused under `ulimit -v` (command.limits) that is below the
+    machine's free RAM is exceeds_alloc_limit, the limit is named in a finding and in raise-memory-limit."""
+    case = next(c for c in CASES if c.name.startswith(prefix + "-"))
+    d = _diagnose(case)
+    assert d["failure"]["verdict"] == "exceeds_alloc_limit"
+    lim = [x for x in d["findings"] if x["kind"] == "memory_limit"]
+    assert lim and "ulimit -v" in lim[0]["text"]
+    top = d["suggestions"][0]
+    assert top["id"] == "raise-memory-limit" and "ulimit -v" in top["expected"]
+    assert "bisect-regression" not in [s["id"] for s in d["suggestions"]]
+    if d["failure"]["phase"] == "kv_cache":  # the cap, not the machine's RAM, bounds the KV that fits
+        fits = d["memory"]["max_ctx_fit"] or {}
+        assert all(n * (d["memory"]["kv_mib_per_1k_tokens"] or 0) / 1024 <= 1024 for n in fits.values())
+
+
+def test_host_limits_of_the_collector_count_when_the_command_has_none():
+    case = next(c for c in CASES if c.name.startswith("loc-21-"))
+    text = (case / "log.txt").read_text(errors="replace")
+    log = Excerpt().feed_all(text.splitlines()).to_log("file")
+    d = analyze({"log": log, "host": {"address_space_limit_mib": 600.0}})
+    assert d["failure"]["verdict"] == "exceeds_alloc_limit"
+    assert any("600 MiB where kvreport ran" in x["text"] for x in d["findings"] if x["kind"] == "memory_limit")
+    d = analyze({"log": log, "host": {"memory_limit_mib": 10_000_000.0}})
+    assert d["failure"]["verdict"] == "fits_but_failed"

@@ -512,14 +512,55 @@ class _Diagnosis:
                              f"{_fmt(probe)} MiB free on {device} at collection time (after the failure; not used "
                              "for the verdict)")
         req = out["requested_mib"]
+        self.mem_limit = None
+        host_alloc = backend == "cpu" or str(device or "").startswith("CPU") or str(device or "").endswith("_Host")
+        if out["phase"] not in ("none",) and host_alloc and self.has_memory_event:
+            self.mem_limit = self._process_limit()
+        if self.mem_limit is not None and self.free_at_failure is not None \
+                and self.mem_limit[0] >= self.free_at_failure:
+            self.mem_limit = None  # a cap above what the machine had free is not what refused the allocation
+        if self.mem_limit is not None:
+            lim, what = self.mem_limit
+            had = f", below the {_fmt(self.free_at_failure)} MiB the machine had free" \
+                if self.free_at_failure is not None else ""
+            self.finding("memory_limit", f"the process ran under {what}{had}: the refused {_fmt(req)} MiB host "
+                         "allocation, with everything the process had already mapped (program, weights, buffers), "
+                         "ran into that cap")
         if out["phase"] == "none":
             out["verdict"] = "unknown"
-        elif self.limit:
+        elif self.limit or self.mem_limit is not None:
             out["verdict"] = "exceeds_alloc_limit"
         elif req is not None and self.free_at_failure is not None:
             out["verdict"] = "exceeds_free" if req > self.free_at_failure else "fits_but_failed"
         else:
             out["verdict"] = "unknown"
+
+    def _process_limit(self) -> tuple[float, str] | None:
+        """The smallest per-process memory limit the bundle records, as (MiB, words), else None.
+
+        ``command.limits`` (kvreport.cmdline: ``ulimit -v/-d`` and ``prlimit --as`` in KiB, docker ``--memory`` in
+        MiB) are the engine's own; ``host.address_space_limit_mib`` / ``host.memory_limit_mib`` are the collector's
+        (RLIMIT_AS, cgroup memory.max), which an engine started the same way inherits. ``ulimit -m`` is not enforced
+        by Linux and is ignored."""
+        cmd = self.command or {}
+        lim = cmd.get("limits") if isinstance(cmd.get("limits"), dict) else {}
+        cands: list[tuple[float, str]] = []
+        for key, word in (("address_space_limit_kib", "an address-space limit of ulimit -v"),
+                          ("data_limit_kib", "a data-segment limit of ulimit -d")):
+            v = to_float(lim.get(key))
+            if v and v > 0:
+                cands.append((v / 1024.0, f"{word} {int(v)} ({_fmt(v / 1024.0)} MiB)"))
+        v = to_float(lim.get("container_memory_limit_mib"))
+        if v and v > 0:
+            cands.append((v, f"a container memory limit of {_fmt(v)} MiB (docker --memory)"))
+        if not cands:
+            host = self.b.get("host") if isinstance(self.b.get("host"), dict) else {}
+            for key, word in (("address_space_limit_mib", "an address-space limit (RLIMIT_AS, ulimit -v)"),
+                              ("memory_limit_mib", "a cgroup memory limit (memory.max)")):
+                v = to_float(host.get(key))
+                if v and v > 0:
+                    cands.append((v, f"{word} of {_fmt(v)} MiB where kvreport ran"))
+        return min(cands) if cands else None
 
     # -- memory
     def config(self) -> dict:
@@ -772,6 +813,10 @@ class _Diagnosis:
         free = getattr(self, "free_at_failure", None)
         if free is None:
             return None
+        if getattr(self, "mem_limit", None) is not None:
+            # the process cap, not the machine's RAM, bounds a host KV (an upper bound: the cap also counts the
+            # program and the weights)
+            free = min(free, self.mem_limit[0])
         if failure["phase"] == "kv_cache":
             # leave room for the compute buffer llama.cpp allocates on the same device right after the KV: the one
             # the log printed for that device (real attempt, else the fit dry run), else llama.cpp's --fit target
@@ -883,7 +928,8 @@ class _Diagnosis:
             kv_basis="failed_buffer" if bpt is not None and size is None else ("model" if size is not None else None),
             n_gpu_layers_log=f.ollama.get("num_gpu"), kv_budget_mib=getattr(self, "budget_mib", None),
             kv_share=self._kv_share(failure.get("failing_device")),
-            n_ctx_rounded=self._rounded_ctx(), kv_headroom_mib=getattr(self, "headroom_mib", None), kv_headroom_why=getattr(self, "headroom_why", None))
+            n_ctx_rounded=self._rounded_ctx(),
+            mem_limit_mib=(self.mem_limit or (None, None))[0], mem_limit_what=(self.mem_limit or (None, None))[1], kv_headroom_mib=getattr(self, "headroom_mib", None), kv_headroom_why=getattr(self, "headroom_why", None))
 
 
 def _r2(x) -> float | None:

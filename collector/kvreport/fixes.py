@@ -50,6 +50,9 @@ class Situation:
     ``kv_budget_mib``: the MiB the KV may use on the failing device, the budget ``max_ctx_fit`` was computed against
     (free memory at the failure for a KV failure; that plus the device's own KV minus the compute buffer for a compute
     failure). ``kv_share``: the fraction of the KV on the failing device (per-device KV buffer lines).
+    ``mem_limit_mib`` / ``mem_limit_what``: the per-process memory limit the bundle records (command.limits:
+    ``ulimit -v``/``-d``, ``prlimit --as``, docker ``--memory``; else host.memory_limit_mib / address_space_limit_mib)
+    that a refused host allocation ran into, and its words ("ulimit -v 600000 (586 MiB of address space)").
     ``n_ctx_rounded``: N from llama.cpp's ``n_ctx is not divisible by n_seq_max - rounding down to N`` warning.
     ``kv_headroom_mib`` / ``kv_headroom_why``: for a KV failure, what was kept out of ``kv_budget_mib`` for the compute
     buffer (the one the log printed for the device, else llama.cpp's --fit margin of 1024 MiB) and why.
@@ -95,6 +98,8 @@ class Situation:
     kv_share: float = 1.0
     kv_headroom_mib: float | None = None
     n_ctx_rounded: int | None = None
+    mem_limit_mib: float | None = None
+    mem_limit_what: str | None = None
     kv_headroom_why: str | None = None
 
 
@@ -207,6 +212,8 @@ def _reduce_ctx(b: _Builder, rank: float) -> None:
                 "is kept free (llama.cpp allocates the compute buffer on the same device right after the KV)")
     else:
         room = f"the {_mib(budget)} MiB left on {dev}"
+    if budget is not None and budget <= 0:
+        return  # nothing is left for the KV on that device: other rules apply (e.g. raise-memory-limit)
     if fit is not None and fit <= 0:
         return  # no context fits (the minimum cells per sequence alone exceed the budget): other rules apply
     if fit and fit < cur and not (train and cur > train and fit > train):
@@ -448,8 +455,10 @@ def _is_host(s: Situation) -> bool:
 
 
 def _host_cap_failure(s: Situation) -> bool:
-    """A host buffer refused although it fits the RAM the log reported (verdict ``fits_but_failed``)."""
-    return s.verdict == "fits_but_failed" and _is_host(s)
+    """A host buffer refused although it fits the RAM the log reported (verdict ``fits_but_failed``), or under a
+    recorded per-process memory limit (verdict ``exceeds_alloc_limit`` with ``mem_limit_mib``)."""
+    return (s.verdict == "fits_but_failed" or (s.verdict == "exceeds_alloc_limit" and s.mem_limit_mib is not None)) \
+        and _is_host(s)
 
 
 _ULIMIT = re.compile(r"ulimit\s+(?:-\w*\s+)*-(?:[a-zA-Z]*v)\s+(\d+)")
@@ -488,7 +497,10 @@ def _raise_memory_limit(b: _Builder, rank: float) -> None:
         if left is not None and abs(left - ram) >= 1:
             nums += f" ({_mib(left)} MiB left after the buffers already allocated)"
     m = _ULIMIT.search(_command_text(s))
-    if m:
+    if s.mem_limit_mib is not None and s.mem_limit_what:
+        nums = (f"the process is capped by {s.mem_limit_what}, which counts the whole process (program, weights, KV "
+                f"and compute buffers); " + nums)
+    elif m:
         kib = int(m.group(1))
         nums = (f"the command caps the process with ulimit -v {kib} ({_mib(kib / 1024)} MiB of address space for the "
                 f"whole process: program, weights, KV and compute buffers); " + nums)
@@ -549,7 +561,7 @@ def _llama_rules(b: _Builder) -> None:
             _free_memory(b, 6)
     elif s.phase == "compute_buffer":
         idx = _dev_index(s.failing_device)
-        if s.alloc_limit or s.verdict == "exceeds_alloc_limit":
+        if (s.alloc_limit or s.verdict == "exceeds_alloc_limit") and not host_cap:
             _alloc_limit(b, 0)
             _reduce_batch(b, 1)
             _reduce_ctx(b, 2)

@@ -41,7 +41,7 @@ _PHASE_TITLE = {"kv_cache": "KV cache", "compute_buffer": "compute buffer", "mod
 _BACKEND_TITLE = {"cuda": "CUDA", "rocm": "ROCm", "vulkan": "Vulkan", "metal": "Metal", "sycl": "SYCL", "cpu": "CPU",
                   "openvino": "OpenVINO", "cann": "CANN", "unknown": "unknown backend"}
 _VERDICT_TITLE = {"exceeds_free": "request exceeded free memory",
-                  "exceeds_alloc_limit": "request exceeded the backend's allocation limit",
+                  "exceeds_alloc_limit": "request exceeded an allocation or process memory limit",
                   "fits_but_failed": "request fit the free memory but failed",
                   "unknown": "free memory not known"}
 
