@@ -49,7 +49,7 @@ from kvreport.logs import LogFacts, parse_log
 from kvreport.logs.common import MIB, to_float, to_int
 from kvreport.signature import signature
 
-ANALYZER_VERSION = "1.1.0"
+ANALYZER_VERSION = "1.2.0"
 """Version of the analysis rules; the server stores it and re-analyzes when it changes."""
 
 _BACKEND_PREFIX = (("CUDA", "cuda"), ("ROCm", "rocm"), ("MUSA", "unknown"), ("Vulkan", "vulkan"), ("MTL", "metal"),
