@@ -353,3 +353,14 @@ def test_host_limits_of_the_collector_count_when_the_command_has_none():
     assert any("600 MiB where kvreport ran" in x["text"] for x in d["findings"] if x["kind"] == "memory_limit")
     d = analyze({"log": log, "host": {"memory_limit_mib": 10_000_000.0}})
     assert d["failure"]["verdict"] == "fits_but_failed"
+
+
+def test_a_request_over_the_free_ram_stays_exceeds_free_under_a_limit():
+    """Raising a process cap cannot help a request larger than the machine's free RAM: exceeds_free."""
+    case = next(c for c in CASES if c.name.startswith("loc-17-"))
+    text = (case / "log.txt").read_text(errors="replace")
+    d = analyze({"log": Excerpt().feed_all(text.splitlines()).to_log("file"),
+                 "command": {"line": "llama-server -c 131072", "limits": {"address_space_limit_kib": 4194304},
+                             "flags": {"n_ctx": 131072}}})
+    assert d["failure"]["verdict"] == "exceeds_free"
+    assert not any(x["kind"] == "memory_limit" for x in d["findings"])

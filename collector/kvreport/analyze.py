@@ -519,6 +519,9 @@ class _Diagnosis:
         if self.mem_limit is not None and self.free_at_failure is not None \
                 and self.mem_limit[0] >= self.free_at_failure:
             self.mem_limit = None  # a cap above what the machine had free is not what refused the allocation
+        if self.mem_limit is not None and req is not None and self.free_at_failure is not None \
+                and req > self.free_at_failure:
+            self.mem_limit = None  # the request exceeds the free RAM itself: raising the cap would not help
         if self.mem_limit is not None:
             lim, what = self.mem_limit
             had = f", below the {_fmt(self.free_at_failure)} MiB the machine had free" \
