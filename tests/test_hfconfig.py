@@ -10,6 +10,7 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from kvreport.errors import InputError
 from kvreport.hfconfig import (
     dtype_bytes,

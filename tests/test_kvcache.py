@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from kvreport.kvcache import (
     CACHE_TYPES,
     MIB,

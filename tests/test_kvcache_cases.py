@@ -16,8 +16,8 @@ import shlex
 from pathlib import Path
 
 import pytest
-from kvreport.kvcache import KVConfig, kv_size, shape_from_hparams
 
+from kvreport.kvcache import KVConfig, kv_size, shape_from_hparams
 from tests.paths import case_dirs, load_expected
 
 PRINT_INFO = re.compile(r"(?:print_info|llm_load_print_meta):\s+(.+?)\s*=\s(.*)$")
