@@ -22,11 +22,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
 from collections import deque
 
 from kvreport.excerpt import Excerpt
-from kvreport.logs import grep_ere, is_key_line
+from kvreport.logs import grep_pattern_file, is_key_line
 
 _BLOCK = 8 << 20
 
@@ -90,39 +89,30 @@ def _grep_key_lines(grep: str, path: str, excerpt: Excerpt) -> bool:
     """Fill ``excerpt.key`` from grep's candidates; False when grep failed. Once the excerpt holds
     its ``max_key_lines`` key lines grep is stopped, so ``key_dropped`` (no part of the bundle)
     stays 0 on this path."""
-    kw = None
     try:
-        with tempfile.NamedTemporaryFile("wb", suffix=".kw", delete=False) as kwf:
-            kwf.write((grep_ere() + "\n").encode())
-            kw = kwf.name
-        env = {**os.environ, "LC_ALL": "C"}
-        with subprocess.Popen([grep, "-a", "-n", "-E", "-f", kw, "--", path], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env) as proc:
-            key = excerpt.key
-            cap = excerpt.max_key_lines
-            for out in proc.stdout:
-                num, _, raw = out.partition(b":")
-                if not num.isdigit():
-                    continue
-                line = _prepared(excerpt, raw)
-                if not is_key_line(line):
-                    continue
-                key.append((int(num), line))
-                if len(key) >= cap:  # the excerpt keeps the first `cap` key lines: the rest is not read
-                    proc.kill()
-                    proc.stdout.close()
-                    proc.wait()
-                    return True
-            code = proc.wait()
+        with grep_pattern_file("-E") as kw:
+            env = {**os.environ, "LC_ALL": "C"}
+            with subprocess.Popen([grep, "-a", "-n", "-E", "-f", kw, "--", path], stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env) as proc:
+                key = excerpt.key
+                cap = excerpt.max_key_lines
+                for out in proc.stdout:
+                    num, _, raw = out.partition(b":")
+                    if not num.isdigit():
+                        continue
+                    line = _prepared(excerpt, raw)
+                    if not is_key_line(line):
+                        continue
+                    key.append((int(num), line))
+                    if len(key) >= cap:  # the excerpt keeps the first `cap` key lines: the rest is not read
+                        proc.kill()
+                        proc.stdout.close()
+                        proc.wait()
+                        return True
+                code = proc.wait()
         return code in (0, 1)
     except OSError:
         return False
-    finally:
-        if kw:
-            try:
-                os.unlink(kw)
-            except OSError:
-                pass
 
 
 def read_excerpt_fast(path: str, grep: str) -> Excerpt | None:

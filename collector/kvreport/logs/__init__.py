@@ -16,8 +16,11 @@ Modules: :mod:`.common` (framing), :mod:`.llamacpp` (llama.cpp and programs buil
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Iterable, Iterator
 
 from kvreport.logs import llamacpp, ollama, sglang, tgi, vllm
 from kvreport.logs.common import clean_line, clean_pasted
@@ -44,6 +47,22 @@ def grep_ere() -> str:
     the 200 MB bench log: -E alternation 0.4-0.7 s, -F -f 0.8-1.4 s, on the same machine and load).
     """
     return "|".join(re.sub(r"([.\[\]()*+?{}|^$\\])", r"\\\1", k) for k in KEYWORDS)
+
+
+
+@contextlib.contextmanager
+def grep_pattern_file(mode: str = "-E") -> Iterator[str]:
+    """Path of a temporary ``grep -f`` file holding the key-line prefilter, removed on exit.
+
+    ``mode`` "-E": the keywords as one extended regex (:func:`grep_ere`); "-F": one literal a line.
+    """
+    with tempfile.NamedTemporaryFile("wb", suffix=".kw", delete=False) as kwf:
+        kwf.write((grep_ere() + "\n").encode() if mode == "-E" else "\n".join(KEYWORDS).encode())
+    try:
+        yield kwf.name
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(kwf.name)
 
 
 def is_key_line(line: str) -> bool:
@@ -199,9 +218,7 @@ def _ranges(fh, size: int, n: int) -> list[tuple[int, int]]:
 
 
 def _parse_file_grep(fh, grep: str, workers: int | None, mode: str = "-E") -> LogFacts | None:
-    import os
     import subprocess
-    import tempfile
     import threading
 
     fd = fh.fileno()
@@ -209,11 +226,7 @@ def _parse_file_grep(fh, grep: str, workers: int | None, mode: str = "-E") -> Lo
     if workers is None:
         workers = min(4, os.cpu_count() or 1) if size >= (64 << 20) else 1
     ranges = _ranges(fh, size, max(1, workers)) or [(0, 0)]
-    kw = None
-    try:
-        with tempfile.NamedTemporaryFile("wb", suffix=".kw", delete=False) as kwf:
-            kwf.write((grep_ere() + "\n").encode() if mode == "-E" else "\n".join(KEYWORDS).encode())
-            kw = kwf.name
+    with grep_pattern_file(mode) as kw:
         env = {**os.environ, "LC_ALL": "C"}
         procs = [subprocess.Popen([grep, "-a", "-n", mode, "-f", kw], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=subprocess.DEVNULL, env=env) for _ in ranges]
@@ -255,12 +268,6 @@ def _parse_file_grep(fh, grep: str, workers: int | None, mode: str = "-E") -> Lo
         codes = [p.wait() for p in procs]
         if errors or any(c not in (0, 1) for c in codes):
             return None
-    finally:
-        if kw:
-            try:
-                os.unlink(kw)
-            except OSError:
-                pass
     f = LogFacts()
     offset = 0
     for i, out in enumerate(outputs):
