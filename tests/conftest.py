@@ -9,9 +9,8 @@ import pytest
 from tests.paths import (  # noqa: F401 - re-exported for older imports
     DATA,
     ROOT,
-    SHARED,
-    SHARED_CAPTURES,
-    SHARED_CASES,
+    CAPTURE_DIR,
+    CASE_DIR,
     case_dirs,
     load_expected,
 )
@@ -20,3 +19,31 @@ from tests.paths import (  # noqa: F401 - re-exported for older imports
 @pytest.fixture(scope="session")
 def shared_cases() -> list[Path]:
     return case_dirs()
+
+
+# --- the tests stand on the repository alone -------------------------------------------------------
+# An audit hook refuses every open() of a path beside the repository (a sibling folder such as
+# ../shared, which exists on the developers' machines and in CI but not in a fresh clone). Reads of the
+# interpreter, site-packages, /tmp, /proc and the like are not "beside the repository" and pass.
+import os as _os  # noqa: E402
+import sys as _sys  # noqa: E402
+
+_BESIDE = str(ROOT.parent.resolve()) + _os.sep
+_INSIDE = str(ROOT.resolve()) + _os.sep
+_ALLOWED = tuple({str(Path(p).resolve()) + _os.sep for p in (_sys.prefix, _sys.base_prefix, *_sys.path) if p})
+
+
+def _outside_reads(event: str, args: tuple) -> None:
+    if event != "open" or not args or not isinstance(args[0], (str, bytes, _os.PathLike)):
+        return
+    try:
+        path = _os.path.abspath(_os.fsdecode(args[0]))
+    except (TypeError, ValueError):
+        return
+    p = path + _os.sep
+    if p.startswith(_BESIDE) and not p.startswith(_INSIDE) and not p.startswith(_ALLOWED):
+        raise PermissionError(f"test read {path}: beside the repository (copy it into tests/data)")
+
+
+if ROOT.parent.resolve() != Path("/"):
+    _sys.addaudithook(_outside_reads)

@@ -1,27 +1,28 @@
-"""Where the real cases and captures live (importable as ``tests.paths`` from any test module)."""
+"""Where the real cases and captures live (importable as ``tests.paths`` from any test module).
+
+Everything a test reads is inside the repository: the real cases are copies under tests/data/cases
+(each keeps its source in case.json), the llama.cpp captures under tests/data/captures. The
+``outside_reads`` guard in tests/conftest.py fails any test that opens a file beside the repository.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
-SHARED = Path(os.environ.get("KVREPORT_SHARED", ROOT.parent / "shared")).resolve()
-SHARED_CASES = SHARED / "cases"
-SHARED_CAPTURES = SHARED / "captures"
+CASE_DIR = DATA / "cases"
+CAPTURE_DIR = DATA / "captures"
+CORPUS_DIR = DATA / "corpus"
 
 
 def case_dirs() -> list[Path]:
-    """Every real case folder of ../shared/cases (and tests/data/cases), sorted by name."""
-    dirs = []
-    for base in (SHARED_CASES, DATA / "cases"):
-        if base.is_dir():
-            dirs.extend(p for p in base.iterdir() if (p / "log.txt").is_file())
+    """Every real case folder of tests/data/cases, sorted by name."""
+    dirs = sorted((p for p in CASE_DIR.iterdir() if (p / "log.txt").is_file()), key=lambda p: p.name)
     if not dirs:
-        raise RuntimeError(f"no real cases found under {SHARED_CASES}: set KVREPORT_SHARED")
-    return sorted(dirs, key=lambda p: p.name)
+        raise RuntimeError(f"no real cases found under {CASE_DIR}")
+    return dirs
 
 
 def load_expected(case: Path) -> dict:

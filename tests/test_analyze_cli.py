@@ -7,10 +7,10 @@ import json
 from click.testing import CliRunner
 
 from kvreport.cli import main
-from tests.paths import SHARED_CASES
+from tests.paths import CASE_DIR
 
-FAIL = SHARED_CASES / "loc-15-fail-huge-ctx-fit-default" / "log.txt"
-OK = SHARED_CASES / "loc-04-success-np4-kv-unified" / "log.txt"
+FAIL = CASE_DIR / "loc-15-fail-huge-ctx-fit-default" / "log.txt"
+OK = CASE_DIR / "loc-04-success-np4-kv-unified" / "log.txt"
 
 
 def run(*args, input=None):
@@ -119,9 +119,9 @@ def test_server_download_format_is_unwrapped(tmp_path):
 
     from kvreport.cli import main
     from tests.helpers import minimal_bundle
-    from tests.paths import SHARED_CASES
+    from tests.paths import CASE_DIR
 
-    log = (SHARED_CASES / "loc-17-fail-huge-ctx-verbose" / "log.txt").read_text()
+    log = (CASE_DIR / "loc-17-fail-huge-ctx-verbose" / "log.txt").read_text()
     b = minimal_bundle(log)
     wrapped = {"id": b["id"], "url": "http://x/bundles/" + b["id"], "bundle": b,
                "diagnosis": {"failure": {"phase": "none"}}}
@@ -136,12 +136,12 @@ def test_stdin_takes_the_same_path_as_a_file(tmp_path):
     import subprocess
     import sys
 
-    from tests.paths import SHARED_CASES
+    from tests.paths import CASE_DIR
 
-    log = (SHARED_CASES / "loc-17-fail-huge-ctx-verbose" / "log.txt").read_bytes()
+    log = (CASE_DIR / "loc-17-fail-huge-ctx-verbose" / "log.txt").read_bytes()
     cmd = [sys.executable, "-m", "kvreport.cli", "analyze", "--json"]
     a = subprocess.run(cmd + ["-"], input=log, capture_output=True, timeout=60)
-    b = subprocess.run(cmd + [str(SHARED_CASES / "loc-17-fail-huge-ctx-verbose" / "log.txt")],
+    b = subprocess.run(cmd + [str(CASE_DIR / "loc-17-fail-huge-ctx-verbose" / "log.txt")],
                        capture_output=True, timeout=60)
     assert a.returncode == b.returncode == 0
     assert a.stdout == b.stdout

@@ -9,13 +9,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvreport.cmdline import llama_alias_table, parse_command, with_changes
-from tests.paths import SHARED_CASES
+from tests.paths import CASE_DIR
 
-# --- real command lines from ../shared/cases ------------------------------------------------------
+# --- real command lines from tests/data/cases ------------------------------------------------------
 
 
 def _case_command(name: str) -> str:
-    path = SHARED_CASES / name / "command.txt"
+    path = CASE_DIR / name / "command.txt"
     if not path.is_file():
         pytest.skip(f"shared case {name} not available")
     return path.read_text()
@@ -471,6 +471,6 @@ def test_no_memory_limits(line):
 def test_ulimit_cases():
     for name, kib in (("loc-21-fail-ulimit-kv-600000", 600000), ("loc-41-neg-ulimit-weights-buffer-no-mmap-150000",
                                                                 150000)):
-        path = SHARED_CASES / name / "command.txt"
+        path = CASE_DIR / name / "command.txt"
         if path.is_file():
             assert parse_command(path.read_text())["limits"] == {"address_space_limit_kib": kib}

@@ -15,7 +15,7 @@ from kvreport import collect, fsutil, probes
 from kvreport.bundle import validate_bundle
 from kvreport.cli import main
 from kvreport.errors import UploadError
-from tests.paths import SHARED_CASES
+from tests.paths import CASE_DIR
 
 FAKE_PROBES = {
     "host": {"os": "Linux", "ram_total_mib": 32000.0, "ram_free_mib": 20000.0},
@@ -40,7 +40,7 @@ def fixed_probes(monkeypatch):
 
 
 def _case(name: str) -> Path:
-    path = SHARED_CASES / name
+    path = CASE_DIR / name
     if not path.is_dir():
         pytest.skip(f"shared case {name} not available")
     return path
@@ -433,7 +433,7 @@ def test_fast_excerpt_edges(tmp_path, content):
 def test_fast_excerpt_equals_slow_on_50mb(tmp_path):
     """A synthetic 50 MB log: the case logs with long filler lines between them, more key lines
     than the excerpt keeps, a failure at the end and no final newline."""
-    bodies = [p.read_bytes() for p in sorted(SHARED_CASES.glob("*/log.txt"))] or [b"failed to allocate x\n"]
+    bodies = [p.read_bytes() for p in sorted(CASE_DIR.glob("*/log.txt"))] or [b"failed to allocate x\n"]
     filler = b"".join(b"srv  log_server_r: request: GET /health 127.0.0.1 200 " + b"." * 700 + b"\n"
                       for _ in range(64))
     path = tmp_path / "big.log"

@@ -163,9 +163,9 @@ def test_ctk_alone_leaves_v_at_f16_as_llama_cpp_does():
 
 
 def test_fit_from_a_log_takes_the_cache_types_printed_on_the_kv_size_line():
-    from tests.paths import SHARED_CASES
+    from tests.paths import CASE_DIR
 
-    log = SHARED_CASES / "loc-35-success-ctk-q8_0-only-fa-off" / "log.txt"
+    log = CASE_DIR / "loc-35-success-ctk-q8_0-only-fa-off" / "log.txt"
     r = CliRunner().invoke(main, ["fit", "--log", str(log), "--free-mib", "4096", "--json"])
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)

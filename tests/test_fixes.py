@@ -174,9 +174,9 @@ def test_reduce_ctx_from_the_failed_kv_buffer_fits_the_free_memory():
     100000 MiB free, less llama.cpp's 1024 MiB --fit margin for the compute buffer, the largest multiple of 256 that
     fits is (100000 - 1024) * 8 = 791808 (pub-001's log)."""
     from kvreport.analyze import analyze
-    from tests.paths import SHARED_CASES
+    from tests.paths import CASE_DIR
 
-    text = next(SHARED_CASES.glob("pub-001-*")).joinpath("log.txt").read_text()
+    text = next(CASE_DIR.glob("pub-001-*")).joinpath("log.txt").read_text()
     bundle = {"log": {"lines": text.splitlines()}, "memory_before_launch": [{"device": "CPU", "free_mib": 100000}]}
     d = analyze(bundle)
     assert d["memory"]["kv_mib_per_1k_tokens"] == 128.0
@@ -273,9 +273,9 @@ def test_gpu_buffer_that_fits_keeps_bisect_regression_and_no_memory_limit():
 def test_reduce_parallel_without_the_requested_ctx_gives_the_bound_from_the_rounding_warning():
     """QA #9: loc-29 from the log alone (-c unknown; the log shows n_ctx 65536 after 'rounding down to 65536'):
     the KV at one slot is a range, not the current 32,768 MiB."""
-    from tests.paths import SHARED_CASES
+    from tests.paths import CASE_DIR
 
-    text = next(SHARED_CASES.glob("loc-29-*")).joinpath("log.txt").read_text()
+    text = next(CASE_DIR.glob("loc-29-*")).joinpath("log.txt").read_text()
     d = analyze_text(text)
     s = next(x for x in d["suggestions"] if x["id"] == "reduce-parallel")
     assert s["expected"].startswith("KV between 128 and 32,768 MiB with 1 slot")

@@ -1,5 +1,5 @@
 """Parser tests on real lines of every era (kv-facts.md §1-§5 quote them from llama.cpp's source
-history and public logs; the case logs under ../shared/cases are real runs)."""
+history and public logs; the case logs under tests/data/cases are real runs)."""
 
 from __future__ import annotations
 

@@ -11,9 +11,9 @@ from kvreport.cli import main
 from kvreport.cmdline import parse_command
 from kvreport.markdown import issue_body, issue_title
 from tests.helpers import minimal_bundle
-from tests.paths import SHARED_CASES
+from tests.paths import CASE_DIR
 
-CASE = SHARED_CASES / "loc-17-fail-huge-ctx-verbose"
+CASE = CASE_DIR / "loc-17-fail-huge-ctx-verbose"
 
 
 def _case_bundle(**extra):

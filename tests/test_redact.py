@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from kvreport.bundle import validate_bundle
 from kvreport.redact import SECRET_KINDS, Redactor, find_secrets, is_secret_key, secret_name_strength
-from tests.paths import DATA, SHARED_CAPTURES, SHARED_CASES
+from tests.paths import DATA, CAPTURE_DIR, CASE_DIR
 
 ALL_KINDS = (*SECRET_KINDS, "email", "ip", "home")
 
@@ -263,11 +263,11 @@ CURATOR_HOME_NAMES = {"user", "ubuntu", "username", "...", "you", "me", "name", 
 
 def _corpus_files():
     files = []
-    for base in (SHARED_CASES, DATA / "cases"):
+    for base in (CASE_DIR, DATA / "cases"):
         if base.is_dir():
             files += sorted(base.glob("*/*.txt"))
-    if SHARED_CAPTURES.is_dir():
-        files += sorted(p for p in SHARED_CAPTURES.rglob("*") if p.is_file())
+    if CAPTURE_DIR.is_dir():
+        files += sorted(p for p in CAPTURE_DIR.rglob("*") if p.is_file())
     return files
 
 

@@ -1,5 +1,5 @@
 """The tier's own instruments: the printed-facts reader against the real logs of the same llama.cpp
-build in ../shared/cases (loc-*), and the tiny models' shapes as llama.cpp reads them."""
+build in tests/data/cases (loc-*), and the tiny models' shapes as llama.cpp reads them."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 from . import harness, models
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED_CASES = Path(os.environ.get("KVREPORT_SHARED", ROOT.parent / "shared")).resolve() / "cases"
+from tests.paths import CASE_DIR  # noqa: E402
 
 
 def _loc_cases():
-    if not SHARED_CASES.is_dir():
+    if not CASE_DIR.is_dir():
         return []
-    return sorted(p for p in SHARED_CASES.glob("loc-*") if (p / "case.json").is_file())
+    return sorted(p for p in CASE_DIR.glob("loc-*") if (p / "case.json").is_file())
 
 
 @pytest.mark.parametrize("case", _loc_cases(), ids=lambda p: p.name)
@@ -36,7 +36,7 @@ def test_printed_facts_on_real_logs(case):
 
 
 def test_loc_cases_present():
-    assert _loc_cases(), f"no loc-* cases under {SHARED_CASES}"
+    assert _loc_cases(), f"no loc-* cases under {CASE_DIR}"
 
 
 @pytest.mark.parametrize("name", sorted(models.ALL_MODELS))

@@ -43,11 +43,11 @@ def drop_pg_database(url: str) -> None:
 
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED_CASES = Path(os.environ.get("KVREPORT_SHARED", ROOT.parent / "shared")).resolve() / "cases"
+from tests.paths import CASE_DIR  # noqa: E402
 
 
 def case_path(name: str) -> Path:
-    return SHARED_CASES / name
+    return CASE_DIR / name
 
 
 def bundle_from_case(name: str, **overrides) -> dict:

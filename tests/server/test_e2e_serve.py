@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from server_helpers import FAILURE_CASES, SHARED_CASES, bundle_from_case, post_big
+from server_helpers import FAILURE_CASES, CASE_DIR, bundle_from_case, post_big
 
 KVREPORT = [sys.executable, "-m", "kvreport.cli"]
 
@@ -33,7 +33,7 @@ def run(args, env, **kw):
 
 def make_bundle_file(case: str, out: Path, env: dict) -> Path:
     """`kvreport collect` when the collector is there, else a bundle built from the case log."""
-    folder = SHARED_CASES / case
+    folder = CASE_DIR / case
     path = out / f"{case}.json"
     try:
         import kvreport.collect  # noqa: F401
@@ -220,7 +220,7 @@ def test_log_versions_reach_the_regression_view(server, tmp_path):
         for build in builds:
             log = tmp_path / f"{build}.log"
             log.write_text(f"build: {build} ({build:x}0abc) with cc (GCC) 15.2.1 for x86_64-pc-linux-gnu\n"
-                           + (SHARED_CASES / case / "log.txt").read_text(encoding="utf-8", errors="replace"))
+                           + (CASE_DIR / case / "log.txt").read_text(encoding="utf-8", errors="replace"))
             out = tmp_path / f"{build}.json"
             r = run(["collect", "--log", str(log), "-o", str(out), "--yes", "--probe-timeout", "1"], env)
             assert out.is_file(), r.stderr

@@ -228,9 +228,9 @@ def test_sign_in_attempts_are_rate_limited(make_app):
 
 def test_every_shared_case_renders(client, auth_header):
     """Every real case, as a bundle, uploads and renders its bundle, cluster, .json and .md views."""
-    from server_helpers import SHARED_CASES
+    from server_helpers import CASE_DIR
 
-    cases = sorted(p.name for p in SHARED_CASES.iterdir() if (p / "log.txt").is_file())
+    cases = sorted(p.name for p in CASE_DIR.iterdir() if (p / "log.txt").is_file())
     assert len(cases) >= 20
     clusters = set()
     for case in cases:
