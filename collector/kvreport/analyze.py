@@ -48,29 +48,15 @@ from kvreport import fixes
 from kvreport.logs import LogFacts, parse_log
 from kvreport.logs.common import MIB, to_float, to_int
 from kvreport.signature import signature
+from kvreport.units import BYTES_PER_VALUE, fmt_mib
+from kvreport.vocab import BACKEND_DEVICE_PREFIX, ENGINES, backend_of_device  # noqa: F401 - re-exported
 
 ANALYZER_VERSION = "1.2.0"
 """Version of the analysis rules; the server stores it and re-analyzes when it changes."""
 
-_BACKEND_PREFIX = (("CUDA", "cuda"), ("ROCm", "rocm"), ("MUSA", "unknown"), ("Vulkan", "vulkan"), ("MTL", "metal"),
-                   ("Metal", "metal"), ("SYCL", "sycl"), ("OPENVINO", "openvino"), ("OpenVINO", "openvino"),
-                   ("CANN", "cann"), ("CPU", "cpu"))
-_DEVICE_PREFIX = {"cuda": "CUDA", "rocm": "ROCm", "vulkan": "Vulkan", "metal": "MTL", "sycl": "SYCL",
-                  "openvino": "OPENVINO", "cann": "CANN"}
-_ENGINES = ("llama.cpp", "ollama", "vllm", "sglang", "tgi")
-_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
-                    "q4_1": 20 / 32, "q4_0": 18 / 32, "iq4_nl": 18 / 32}
-"""Bytes per cached value of each llama.cpp cache type (ggml block sizes: q8_0 = 34 bytes per 32 values)."""
-
-
-def backend_of_device(name: str | None) -> str | None:
-    """``CUDA0`` -> "cuda", ``ROCm_Host`` -> "rocm", ``CPU_Mapped`` -> "cpu"; None when not a ggml name."""
-    if not name:
-        return None
-    for prefix, backend in _BACKEND_PREFIX:
-        if name.startswith(prefix):
-            return backend
-    return None
+_DEVICE_PREFIX = BACKEND_DEVICE_PREFIX
+_ENGINES = tuple(e for e in ENGINES if e != "unknown")
+_BYTES_PER_VALUE = BYTES_PER_VALUE
 
 
 # ---------------------------------------------------------------------------------------------
@@ -940,6 +926,4 @@ def _r2(x) -> float | None:
 
 
 def _fmt(x) -> str:
-    if x is None:
-        return "?"
-    return f"{float(x):,.2f}".rstrip("0").rstrip(".") if abs(float(x)) < 100 else f"{float(x):,.0f}"
+    return fmt_mib(x)

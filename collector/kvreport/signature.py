@@ -28,22 +28,11 @@ import hashlib
 SCHEME = 1
 """Version of the signature rules; bump it whenever a key part changes meaning."""
 
-ENGINES = ("llama.cpp", "ollama", "vllm", "sglang", "tgi", "unknown")
-PHASES = ("kv_cache", "compute_buffer", "model_weights", "context", "kv_capacity", "memory_budget", "none", "unknown")
-BACKENDS = ("cuda", "rocm", "vulkan", "metal", "sycl", "cpu", "openvino", "cann", "unknown")
-VERDICTS = ("exceeds_free", "exceeds_alloc_limit", "fits_but_failed", "unknown")
-
-_ENGINE_TITLE = {"llama.cpp": "llama.cpp", "ollama": "Ollama", "vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI",
-                 "unknown": "unknown engine"}
-_PHASE_TITLE = {"kv_cache": "KV cache", "compute_buffer": "compute buffer", "model_weights": "model weights",
-                "context": "context creation", "kv_capacity": "KV pool too small", "memory_budget": "memory budget check",
-                "none": "no failure", "unknown": "unplaced failure"}
-_BACKEND_TITLE = {"cuda": "CUDA", "rocm": "ROCm", "vulkan": "Vulkan", "metal": "Metal", "sycl": "SYCL", "cpu": "CPU",
-                  "openvino": "OpenVINO", "cann": "CANN", "unknown": "unknown backend"}
-_VERDICT_TITLE = {"exceeds_free": "request exceeded free memory",
-                  "exceeds_alloc_limit": "request exceeded an allocation or process memory limit",
-                  "fits_but_failed": "request fit the free memory but failed",
-                  "unknown": "free memory not known"}
+from kvreport.vocab import BACKEND_TITLE as _BACKEND_TITLE  # noqa: E402
+from kvreport.vocab import BACKENDS, ENGINES, PHASES, VERDICTS  # noqa: E402,F401
+from kvreport.vocab import ENGINE_TITLE as _ENGINE_TITLE  # noqa: E402
+from kvreport.vocab import PHASE_TITLE as _PHASE_TITLE  # noqa: E402
+from kvreport.vocab import VERDICT_TITLE as _VERDICT_TITLE  # noqa: E402
 
 
 def _norm(value, allowed: tuple[str, ...]) -> str:

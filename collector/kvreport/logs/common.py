@@ -14,9 +14,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 _FENCE = re.compile(r"^\s*(?:>\s*)*(?:```|~~~)[\w+-]*\s*$")
 _QUOTE = re.compile(r"^(?:\s{0,3}>[ \t]?)+")
 
-MIB = 1024.0 * 1024.0
-"""Bytes in one MiB (2**20); every llama.cpp "MiB" and ggml "MB" is this (kv-facts.md §0)."""
-GIB = 1024.0 * MIB
+from kvreport.units import GIB, MIB  # noqa: E402,F401 - one copy of the units, re-exported for the parsers
 
 
 def clean_line(raw) -> str:

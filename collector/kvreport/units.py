@@ -1,0 +1,25 @@
+"""Units, one copy: bytes per MiB/GiB, bytes per cached value of each cache type, MiB formatting.
+
+MiB is 2**20 bytes; every llama.cpp "MiB" and ggml "MB" is this (kv-facts.md §0).
+"""
+
+from __future__ import annotations
+
+MIB = 1024.0 * 1024.0
+"""Bytes in one MiB (2**20)."""
+GIB = 1024.0 * MIB
+"""Bytes in one GiB (2**30)."""
+
+BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
+                   "q4_1": 20 / 32, "q4_0": 18 / 32, "iq4_nl": 18 / 32}
+"""Bytes per cached value of each llama.cpp cache type (ggml block sizes: q8_0 = 34 bytes per 32 values)."""
+
+
+def fmt_mib(x: float | None) -> str:
+    """A MiB figure for people: ``12710.31`` -> "12,710", ``34.5`` -> "34.5", ``4.0`` -> "4";
+    under 100 MiB up to two decimals, else none; "?" for None; never "-0"."""
+    if x is None:
+        return "?"
+    x = float(x)
+    s = f"{x:,.2f}".rstrip("0").rstrip(".") if abs(x) < 100 else f"{x:,.0f}"
+    return "0" if s in ("-0", "-0.0") else s

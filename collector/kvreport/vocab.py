@@ -1,0 +1,47 @@
+"""The vocabulary of a diagnosis, one copy: engines, phases, backends, verdicts, their titles, and
+the table that maps ggml device names to backends.
+
+Every module that prints, stores or checks one of these words reads it from here: the analyzer,
+the signature, the text and Markdown renderers, the server's pages and filters.
+"""
+
+from __future__ import annotations
+
+ENGINES = ("llama.cpp", "ollama", "vllm", "sglang", "tgi", "lmdeploy", "mlx-lm", "unknown")
+PHASES = ("kv_cache", "compute_buffer", "model_weights", "context", "kv_capacity", "memory_budget", "none", "unknown")
+BACKENDS = ("cuda", "rocm", "vulkan", "metal", "sycl", "cpu", "openvino", "cann", "musa", "opencl", "unknown")
+VERDICTS = ("exceeds_free", "exceeds_alloc_limit", "fits_but_failed", "unknown")
+
+ENGINE_TITLE = {"llama.cpp": "llama.cpp", "ollama": "Ollama", "vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI",
+                "lmdeploy": "LMDeploy", "mlx-lm": "mlx-lm", "unknown": "unknown engine"}
+PHASE_TITLE = {"kv_cache": "KV cache", "compute_buffer": "compute buffer", "model_weights": "model weights",
+               "context": "context creation", "kv_capacity": "KV pool too small", "memory_budget": "memory budget check",
+               "none": "no failure", "unknown": "unplaced failure"}
+BACKEND_TITLE = {"cuda": "CUDA", "rocm": "ROCm", "vulkan": "Vulkan", "metal": "Metal", "sycl": "SYCL", "cpu": "CPU",
+                 "openvino": "OpenVINO", "cann": "CANN", "musa": "MUSA", "opencl": "OpenCL",
+                 "unknown": "unknown backend"}
+VERDICT_TITLE = {"exceeds_free": "request exceeded free memory",
+                 "exceeds_alloc_limit": "request exceeded an allocation or process memory limit",
+                 "fits_but_failed": "request fit the free memory but failed",
+                 "unknown": "free memory not known"}
+KV_PHASES = ("kv_cache", "kv_capacity")
+"""Phases that count as a KV failure (``is_kv_failure``)."""
+
+# ggml device name prefix -> backend (``CUDA0``, ``CUDA_Host``, ``ROCm1``, ``MTL0``, ``CPU_Mapped``...), longest first
+DEVICE_PREFIX_BACKEND = (("OpenVINO", "openvino"), ("OPENVINO", "openvino"), ("Vulkan", "vulkan"),
+                         ("Metal", "metal"), ("OpenCL", "opencl"), ("CUDA", "cuda"), ("ROCm", "rocm"),
+                         ("MUSA", "musa"), ("SYCL", "sycl"), ("CANN", "cann"), ("MTL", "metal"), ("GPU", None),
+                         ("CPU", "cpu"))
+BACKEND_DEVICE_PREFIX = {"cuda": "CUDA", "rocm": "ROCm", "musa": "MUSA", "vulkan": "Vulkan", "metal": "MTL",
+                         "sycl": "SYCL", "openvino": "OPENVINO", "cann": "CANN", "opencl": "OpenCL"}
+"""backend -> the prefix of its ggml device names (index appended: ``CUDA0``)."""
+
+
+def backend_of_device(name: str | None) -> str | None:
+    """``CUDA0`` -> "cuda", ``ROCm_Host`` -> "rocm", ``CPU_Mapped`` -> "cpu"; None when not a ggml name."""
+    if not name:
+        return None
+    for prefix, backend in DEVICE_PREFIX_BACKEND:
+        if name.startswith(prefix):
+            return backend
+    return None
