@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from tests.paths import (  # noqa: F401 - re-exported for older imports
-    DATA,
-    ROOT,
     CAPTURE_DIR,
     CASE_DIR,
+    DATA,
+    ROOT,
     case_dirs,
     load_expected,
 )

@@ -16,6 +16,7 @@ import json
 
 import pytest
 
+from kvreport import vocab
 from kvreport.analyze import analyze, analyze_text
 from kvreport.cmdline import parse_command
 from kvreport.excerpt import Excerpt
@@ -78,11 +79,10 @@ def test_case_diagnosis_shape(case):
     assert not [x for x in d["findings"] if x["kind"] == "kv_model_mismatch"]
     # types, units and vocabularies of design.md's diagnosis contract
     f, m = d["failure"], d["memory"]
-    assert d["engine"] in ("llama.cpp", "ollama", "vllm", "sglang", "tgi", "unknown")
-    assert f["phase"] in ("kv_cache", "compute_buffer", "model_weights", "context", "kv_capacity", "memory_budget",
-                          "none", "unknown")
-    assert f["backend"] in ("cuda", "rocm", "vulkan", "metal", "sycl", "cpu", "openvino", "cann", "unknown")
-    assert f["verdict"] in ("exceeds_free", "exceeds_alloc_limit", "fits_but_failed", "unknown")
+    assert d["engine"] in vocab.ENGINES
+    assert f["phase"] in vocab.PHASES
+    assert f["backend"] in vocab.BACKENDS
+    assert f["verdict"] in vocab.VERDICTS
     for key in ("requested_mib", "free_mib"):
         assert f[key] is None or isinstance(f[key], float)
     for key in ("kv_required_mib", "rs_required_mib", "kv_mib_per_1k_tokens"):

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from kvreport.bundle import validate_bundle
 from kvreport.redact import SECRET_KINDS, Redactor, find_secrets, is_secret_key, secret_name_strength
-from tests.paths import DATA, CAPTURE_DIR, CASE_DIR
+from tests.paths import CAPTURE_DIR, CASE_DIR, DATA
 
 ALL_KINDS = (*SECRET_KINDS, "email", "ip", "home")
 

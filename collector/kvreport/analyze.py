@@ -277,6 +277,8 @@ class _Diagnosis:
         self.kv_update = False
         self.has_memory_event = False
         self.weak = False
+        self.summary = None
+        self.oom_event = None
         if fatal:
             first = fatal[0]
             idx = groups.index(first)
@@ -315,6 +317,8 @@ class _Diagnosis:
             out["allocator_error"] = ev["line"] if ev.get("torch_oom") else None
             out["final_error"] = f.final_error or ev["line"]
             self.has_memory_event = True
+        elif self._oom_failure(out, real):
+            pass
         elif engine_events or configs or finals:
             out["phase"] = "unknown"
             # the deepest specific reason (``n_seq_max must be <= 256``, ``error loading model: ...``), not the
@@ -326,12 +330,101 @@ class _Diagnosis:
                 self.weak = True
                 out["backend"] = weak[-1].get("backend") or "unknown"
                 self.has_memory_event = bool(weak[-1].get("oom"))
+        if out["phase"] not in ("none",) and (out["backend"] == "unknown" or not out["failing_device"]):
+            self._oom_details(out, real)
         if out["phase"] not in ("none",) and out["backend"] == "unknown":
             out["backend"] = self._backend_guess()
         if out["phase"] == "none":
             out["backend"] = "unknown"
         self._free_and_verdict(out)
         return out
+
+    # -- the failure layer (kvreport.logs.oom): memory-error lines that no engine-specific rule read
+    def _oom_events(self, real: list[dict]) -> list[dict]:
+        """``oom`` events that are the failure: not on a line an engine rule read, not followed by the engine
+        coming up (those become ``recovered_allocation`` findings)."""
+        read = {e["lineno"] for e in real if e["kind"] in ("backend", "pinned", "ggml", "reason")
+                or (e["kind"] == "engine" and not e.get("weak"))}
+        success = [e["lineno"] for e in real if e["kind"] == "success"]
+        out = []
+        for e in real:
+            if e["kind"] != "oom" or e["lineno"] in read:
+                continue
+            if any(n > e["lineno"] for n in success):
+                self.finding("recovered_allocation", "a memory error the engine carried on after (it came up later)",
+                             e["line"])
+                continue
+            out.append(e)
+        return out
+
+    def _oom_failure(self, out: dict, real: list[dict]) -> bool:
+        """Place a failure from the failure layer alone; False when it holds no memory-error line."""
+        evs = self._oom_events(real)
+        if not evs:
+            return False
+        specific = [e for e in evs if not e.get("generic")]
+        ev = (specific or evs)[0] if not any(e.get("mib") for e in (specific or evs)) else \
+            next(e for e in (specific or evs) if e.get("mib"))
+        out["phase"] = ev.get("phase") or self._oom_phase(ev)
+        out["backend"] = ev.get("backend") or "unknown"
+        out["failing_device"] = self._oom_device(ev)
+        out["requested_mib"] = _r2(ev.get("mib"))
+        out["free_mib"] = _r2(ev.get("free_mib"))
+        out["allocator_error"] = ev["line"]
+        out["final_error"] = self.f.final_error or evs[-1]["line"]
+        if ev.get("limit_mib") is not None and ev.get("mib") is not None and ev["mib"] > ev["limit_mib"]:
+            self.limit = True
+            self.finding("alloc_limit", f"the request of {_fmt(ev['mib'])} MiB is above a limit of "
+                         f"{_fmt(ev['limit_mib'])} MiB that the line names", ev["line"])
+        if ev.get("summary"):
+            self.summary = ev
+            self.finding("summary_line", "a summary of a failure (as typed in an issue or chat), not the engine's "
+                         "own log: the numbers are what the line says", ev["line"])
+        elif ev.get("generic"):
+            self.finding("unrecognized_memory_error", "this line says memory could not be had, but kvreport does not "
+                         "know its format fully: the phase is unknown and only what the line itself says is used",
+                         ev["line"])
+        else:
+            self.finding("memory_error", f"memory error read by rule '{ev['rule']}'; the log does not name the "
+                         "buffer it was for" if out["phase"] == "unknown" else f"memory error read by rule "
+                         f"'{ev['rule']}'", ev["line"])
+        self.has_memory_event = True
+        self.oom_event = ev
+        return True
+
+    @staticmethod
+    def _oom_phase(ev: dict) -> str:
+        """A phase from where the error happened, when the error block names it (ggml's CUDA pool is the
+        compute scratch memory: ``in function ggml_cuda_pool_malloc`` / ``alloc``); else unknown."""
+        fn = ev.get("function") or ""
+        if fn.startswith("ggml_cuda_pool") or fn == "alloc":
+            return "compute_buffer"
+        return "unknown"
+
+    def _oom_device(self, ev: dict) -> str | None:
+        idx = ev.get("device_index")
+        if idx is None:
+            return None
+        prefix = {"rocm": "ROCm", "musa": "MUSA"}.get(ev.get("backend") or "", "CUDA") \
+            if ev.get("rule") in ("ggml-cuda-error", "torch-oom", "cuda-malloc-oom") else None
+        if ev.get("rule") == "ggml-cuda-error":
+            prefix = ev.get("cuda_name") or self.f.cuda_name or prefix
+        return f"{prefix}{idx}" if prefix else None
+
+    def _oom_details(self, out: dict, real: list[dict]) -> None:
+        """Backend and device of a failure placed by an engine rule, from the memory-error lines around it
+        (``CUDA error: out of memory`` / ``current device: 1`` under Ollama's ``llama runner process has
+        terminated``)."""
+        evs = [e for e in real if e["kind"] == "oom" and not e.get("generic")]
+        if not evs:
+            return
+        ev = evs[-1]
+        if out["backend"] == "unknown" and ev.get("backend"):
+            out["backend"] = ev["backend"]
+        if not out["failing_device"]:
+            out["failing_device"] = self._oom_device(ev)
+        if not out["allocator_error"]:
+            out["allocator_error"] = ev["line"]
 
     def _recovered(self, g: _Group) -> None:
         ev = (g.events or g.reasons)[0]

@@ -4,7 +4,6 @@ build in tests/data/cases (loc-*), and the tiny models' shapes as llama.cpp read
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from server_helpers import FAILURE_CASES, CASE_DIR, bundle_from_case, post_big
+from server_helpers import CASE_DIR, FAILURE_CASES, bundle_from_case, post_big
 
 KVREPORT = [sys.executable, "-m", "kvreport.cli"]
 

@@ -22,14 +22,14 @@ import re
 import tempfile
 from collections.abc import Iterable, Iterator
 
-from kvreport.logs import llamacpp, ollama, sglang, tgi, vllm
+from kvreport.logs import llamacpp, ollama, oom, sglang, tgi, vllm
 from kvreport.logs.common import clean_line, clean_pasted
 from kvreport.logs.facts import LogFacts
 
 __all__ = ["LogFacts", "clean_pasted", "clean_line", "is_key_line", "parse_log", "parse_stream", "parse_file",
            "decide_engine"]
 
-_PARSERS = (llamacpp, ollama, vllm, sglang, tgi)
+_PARSERS = (llamacpp, ollama, vllm, sglang, tgi, oom)
 KEYWORDS: tuple[str, ...] = tuple(sorted({k for p in _PARSERS for k in p.KEYWORDS}))
 _KEY = re.compile("|".join(re.escape(k) for k in sorted(KEYWORDS, key=len, reverse=True)))
 # each parser only sees the lines its own keywords select (a key line for llama.cpp is not read by the vLLM regexes)
@@ -93,9 +93,12 @@ def _feed_one(f: LogFacts, raw, lineno: int) -> None:
     if "alloc" in line:
         parts = [q for part in parts for q in _GLUED.split(part)]
     for part in parts:
+        before = len(f.events)
         for parser, own in _OWN:
             if own(part) is None:
                 continue
+            if parser is oom and len(f.events) > before:
+                continue  # the failure layer reads only what no engine-specific rule read
             try:
                 parser.feed(f, part, lineno)
             except Exception:  # noqa: BLE001 - a parser bug must never stop the diagnosis
@@ -309,7 +312,7 @@ def decide_engine(f: LogFacts) -> str | None:
     logs (its runner is llama.cpp), so llama.cpp is chosen only when no other engine spoke.
     """
     h = f.engine_hints
-    best = max(("ollama", "vllm", "sglang", "tgi"), key=lambda k: h.get(k, 0))
+    best = max(("ollama", "vllm", "sglang", "tgi", "lmdeploy", "mlx-lm"), key=lambda k: h.get(k, 0))
     if h.get(best, 0) >= 2 and h.get(best, 0) >= h.get("other", 0):
         return best
     if h.get("llama.cpp", 0) > 0 and h.get("other", 0) == 0:

@@ -1,0 +1,273 @@
+"""The failure layer under every engine: lines that say memory could not be had, in any runtime's words.
+
+Each rule of :data:`RULES` names the output it reads (the runtime and the message format), where that
+format was checked, the literal keywords that select its lines (the prefilter is derived from them,
+see :data:`KEYWORDS`), and what the line tells: backend, device, requested size, free memory or a
+limit, and a phase when the message itself places the failure. A line matched here becomes an
+``oom`` event; :mod:`kvreport.analyze` uses it when no engine-specific rule placed the failure, and
+to name the backend and device that an engine's own message leaves out.
+
+The last rule, ``memory-words``, is the net under everything: any other line with the words of a
+memory failure (``out of memory``, ``insufficient memory``, ``cannot allocate memory``...) is an
+``oom`` event marked ``generic``: its format is not fully understood, the diagnosis says so and
+quotes it, and it is never answered with "no failure found".
+
+Units: ``mib`` / ``free_mib`` / ``limit_mib`` are MiB (2**20 bytes).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvreport.logs.facts import LogFacts
+from kvreport.units import MIB
+
+_UNIT_MIB = {"b": 1 / MIB, "bytes": 1 / MIB, "kb": 1 / 1024, "kib": 1 / 1024, "mb": 1.0, "mib": 1.0, "gb": 1024.0,
+             "gib": 1024.0, "tb": 1024.0 * 1024, "tib": 1024.0 * 1024}
+
+
+def _mib(value: str | None, unit: str | None) -> float | None:
+    """``("12.5", "GiB")`` -> 12800.0 MiB; ggml's "MB" is MiB (kv-facts.md §0)."""
+    if value is None:
+        return None
+    try:
+        return float(value.replace(",", "")) * _UNIT_MIB.get((unit or "b").lower(), 1 / MIB)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class OomRule:
+    """One memory-error line format.
+
+    ``read(match) -> dict`` turns the match into event fields (``mib``, ``free_mib``, ``limit_mib``,
+    ``device_index``...); ``backend`` / ``engine`` / ``phase`` are what the format alone says (None: not
+    said). ``source`` is where the format was checked.
+    """
+
+    id: str
+    keywords: tuple[str, ...]
+    pattern: re.Pattern
+    backend: str | None
+    source: str
+    phase: str | None = None
+    engine: str | None = None
+    read: Callable[[re.Match], dict] | None = None
+    generic: bool = False
+
+
+def _size(m: re.Match, g: int = 1, u: int | None = 2) -> dict:
+    return {"mib": _mib(m.group(g), m.group(u) if u else None)}
+
+
+def _torch(m: re.Match) -> dict:
+    d = m.groupdict()
+    out = {"mib": _mib(d.get("req"), d.get("ru"))}
+    if d.get("dev") is not None:
+        out["device_index"] = int(d["dev"])
+    if d.get("free") is not None:
+        out["free_mib"] = _mib(d["free"], d.get("fu"))
+    if d.get("total") is not None:
+        out["total_mib"] = _mib(d["total"], d.get("tu"))
+    return out
+
+
+def _pool(m: re.Match) -> dict:
+    return {"mib": _mib(m.group("need"), None), "limit_mib": _mib(m.group("avail"), None)}
+
+
+def _mlx_limit(m: re.Match) -> dict:
+    return {"mib": _mib(m.group(1), None), "limit_mib": _mib(m.group(2), None)}
+
+
+def _cuda_block(m: re.Match) -> dict:
+    return {"cuda_name": {"hip": "ROCm", "rocm": "ROCm", "musa": "MUSA"}.get(m.group(1).lower(), "CUDA")}
+
+
+def _metal_buf(m: re.Match) -> dict:
+    return {"mib": _mib(m.group(1), m.group(2))}
+
+
+def _summary(m: re.Match) -> dict:
+    d = m.groupdict()
+    out = {"summary": True}
+    if d.get("ctx"):
+        out["n_ctx"] = int(d["ctx"].replace(",", ""))
+    if d.get("free"):
+        out["free_mib"] = _mib(d["free"], d.get("fu") or "MiB")
+    return out
+
+
+_TORCH = (r"(?P<be>CUDA|HIP|XPU|MPS|NPU) out of memory\. Tried to allocate (?P<req>[\d.]+) ?(?P<ru>[KMGT]i?B)"
+          r"(?:\. GPU (?P<dev>\d+) has a total capac(?:ity|ty) of (?P<total>[\d.]+) ?(?P<tu>[KMGT]i?B) of which "
+          r"(?P<free>[\d.]+) ?(?P<fu>[KMGT]i?B) is free)?")
+
+RULES: tuple[OomRule, ...] = (
+    # -- ggml CUDA/HIP/MUSA: ggml-cuda.cu CUDA_CHECK -> ggml_cuda_error(): 2023 "CUDA error 2 at ggml-cuda.cu:N: out of
+    #    memory", 2024+ "CUDA error: out of memory\n  current device: N, in function F at FILE:L\n  CALL";
+    #    GGML_CUDA_NAME is "ROCm" on HIP builds and "MUSA" on MUSA builds (ggml-cuda/vendors/*.h)
+    OomRule("ggml-cuda-error", ("CUDA error", "ROCm error", "HIP error", "MUSA error"),
+            re.compile(r"\b(CUDA|ROCm|HIP|MUSA) error(?: \d+)?(?: at \S+:\d+)?: (?:out of memory|"
+                       r"(?:hipErrorOutOfMemory|cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY))", re.I),
+            "cuda", "ggml-cuda.cu ggml_cuda_error / CUDA_CHECK; llama.cpp#1230, #3199, ollama#3237", read=_cuda_block),
+    OomRule("cublas-alloc", ("CUBLAS_STATUS_ALLOC_FAILED", "HIPBLAS_STATUS_ALLOC_FAILED", "ROCBLAS_STATUS_MEMORY_ERROR"),
+            re.compile(r"(CUBLAS|HIPBLAS)_STATUS_ALLOC_FAILED|ROCBLAS_STATUS_MEMORY_ERROR"),
+            "cuda", "cuBLAS/hipBLAS status names (CUBLAS_CHECK in ggml-cuda.cu); ollama reports 2024"),
+    OomRule("cuda-malloc-oom", ("cudaMalloc failed", "hipMalloc failed", "cuMemCreate", "cudaErrorMemoryAllocation"),
+            re.compile(r"(cuda|hip)Malloc failed: out of memory|cudaErrorMemoryAllocation|hipErrorOutOfMemory"),
+            "cuda", "ggml-cuda.cu ggml_backend_cuda_buffer_type_alloc_buffer; Ollama 'cudaMalloc failed: out of memory'"),
+    # -- torch (vLLM, SGLang, TGI, LMDeploy's PyTorch engine): torch/csrc/.../CUDACachingAllocator.cpp
+    OomRule("torch-oom", ("out of memory. Tried to allocate",),
+            re.compile(_TORCH), None, "torch CUDACachingAllocator OutOfMemoryError message (all torch 2.x)",
+            phase=None, read=_torch),
+    OomRule("torch-oom-bare", ("OutOfMemoryError", "CUDA out of memory", "HIP out of memory", "XPU out of memory"),
+            re.compile(r"torch\.(?:cuda\.)?OutOfMemoryError|\b(?:CUDA|HIP|XPU) out of memory"), None,
+            "torch OutOfMemoryError without the allocator's sizes (pasted tracebacks)"),
+    # -- Metal: ggml-metal.m (2023-24) "ggml_metal_add_buffer: error: failed to allocate 'X' buffer, size = N MB",
+    #    "ggml_metal_graph_compute: command buffer N failed with status 5", and the IOGPU error text; mlx:
+    #    mlx/backend/metal/allocator.cpp "[metal::malloc] Attempting to allocate N bytes which is greater than the
+    #    maximum allowed buffer size of M bytes." and "[malloc_or_wait] Unable to allocate N bytes."
+    OomRule("metal-add-buffer", ("failed to allocate '",),
+            re.compile(r"failed to allocate '[^']*' buffer, size = ([\d.]+) ?(MB|MiB|GB|GiB)"),
+            "metal", "ggml-metal.m ggml_metal_add_buffer (2023-2024 builds)", read=_metal_buf),
+    OomRule("metal-iogpu-oom", ("kIOGPUCommandBufferCallbackErrorOutOfMemory", "Insufficient Memory"),
+            re.compile(r"kIOGPUCommandBufferCallbackErrorOutOfMemory|Insufficient Memory \(0+8"),
+            "metal", "Metal command buffer error (MTLCommandBufferErrorOutOfMemory); llama.cpp, mlx, Ollama reports"),
+    OomRule("metal-status-5", ("failed with status 5",),
+            re.compile(r"command buffer \d+ failed with status 5"), "metal",
+            "ggml-metal.m ggml_metal_graph_compute: MTLCommandBufferStatusError (5), out of memory in reports"),
+    OomRule("mlx-buffer-limit", ("[metal::malloc]",),
+            re.compile(r"\[metal::malloc\] Attempting to allocate (\d+) bytes which is greater than the maximum "
+                       r"allowed buffer size of (\d+) bytes"),
+            "metal", "mlx/backend/metal/allocator.cpp MetalAllocator::malloc", engine="mlx-lm", read=_mlx_limit),
+    OomRule("mlx-malloc-or-wait", ("[malloc_or_wait]", "[malloc]"),
+            re.compile(r"\[(?:malloc_or_wait|malloc)\] Unable to allocate (\d+) bytes"),
+            "metal", "mlx/backend/metal/allocator.cpp (malloc_or_wait, 2024; malloc, 2025)", engine="mlx-lm",
+            read=lambda m: {"mib": _mib(m.group(1), None)}),
+    # -- Vulkan: vulkan-hpp exception names (ggml-vulkan.cpp catches vk::SystemError)
+    OomRule("vulkan-oom", ("ErrorOutOfDeviceMemory", "ErrorOutOfHostMemory", "OutOfDeviceMemoryError",
+                           "VK_ERROR_OUT_OF_DEVICE_MEMORY", "VK_ERROR_OUT_OF_HOST_MEMORY"),
+            re.compile(r"ErrorOutOf(?:Device|Host)Memory|OutOf(?:Device|Host)MemoryError|VK_ERROR_OUT_OF_(?:DEVICE|HOST)_MEMORY"),
+            "vulkan", "vulkan-hpp vk::OutOfDeviceMemoryError; ggml-vulkan.cpp"),
+    # -- SYCL / Level Zero / Unified Runtime (ggml-sycl.cpp catches sycl::exception: "Native API returns: -5
+    #    (PI_ERROR_OUT_OF_RESOURCES)", "UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY")
+    OomRule("sycl-oom", ("PI_ERROR_OUT_OF_", "UR_RESULT_ERROR_OUT_OF_", "ZE_RESULT_ERROR_OUT_OF_",
+                         "CL_OUT_OF_RESOURCES", "CL_OUT_OF_HOST_MEMORY", "CL_MEM_OBJECT_ALLOCATION_FAILURE"),
+            re.compile(r"(?:PI|UR_RESULT|ZE_RESULT)_ERROR_OUT_OF_(?:HOST_MEMORY|DEVICE_MEMORY|RESOURCES)|"
+                       r"CL_OUT_OF_(?:RESOURCES|HOST_MEMORY)|CL_MEM_OBJECT_ALLOCATION_FAILURE"),
+            "sycl", "SYCL PI / Unified Runtime / Level Zero / OpenCL error names (ggml-sycl.cpp, ggml-opencl.cpp)"),
+    # -- CANN (Ascend): ggml-cann aclrtMalloc / ACL_ERROR_RT_MEMORY_ALLOCATION (207001), rtMalloc failures
+    OomRule("cann-oom", ("aclrtMalloc", "rtMalloc", "ACL_ERROR_RT_MEMORY_ALLOCATION", "207001"),
+            re.compile(r"ACL_ERROR_RT_MEMORY_ALLOCATION|\b207001\b|(?:acl)?rtMalloc\w*\b.{0,80}?(?:fail|error|out of memory)",
+                       re.I), "cann", "ggml-cann ACL_CHECK; CANN runtime error 207001 (memory allocation)"),
+    # -- 2023 ggml: ggml.c ggml_new_tensor_impl / ggml_new_object "not enough space in the context's memory pool
+    #    (needed N, available M)" and the scratch pool twin: a fixed host pool that was sized too small
+    OomRule("ggml-pool", ("memory pool (needed", "memory pool",),
+            re.compile(r"not enough space in the (?:context's|scratch) memory pool \(needed (?P<need>\d+), "
+                       r"available (?P<avail>\d+)\)"),
+            "cpu", "ggml.c (2023) ggml_new_tensor_impl / ggml_new_object", phase="compute_buffer", read=_pool),
+    # -- host memory: C++ std::bad_alloc, errno ENOMEM, Python MemoryError, the kernel's OOM killer
+    OomRule("bad-alloc", ("bad_alloc",), re.compile(r"std::bad_alloc|\bbad_alloc\b"), "cpu",
+            "libstdc++ 'terminate called after throwing an instance of std::bad_alloc'"),
+    OomRule("enomem", ("Cannot allocate memory", "cannot allocate memory", "ENOMEM"),
+            re.compile(r"[Cc]annot allocate memory|\bENOMEM\b"), "cpu", "strerror(ENOMEM) (mmap, fork, malloc wrappers)"),
+    OomRule("oom-killer", ("Out of memory: Kill", "oom-kill", "oom_kill", "OOMKilled", "signal: killed",
+                           "exit status 137", "Killed"),
+            re.compile(r"Out of memory: Kill(?:ed)? process|oom[-_]kill|OOMKilled|signal: killed|exit status 137|"
+                       r"^(?:\S+: )?Killed(?:\s+\S.*)?$|\bKilled\s+(?:python\S*|llama\S*|ollama\S*|vllm\S*)"),
+            "cpu", "Linux OOM killer (dmesg), shells' 'Killed', Go's 'signal: killed', docker OOMKilled"),
+    OomRule("python-memoryerror", ("MemoryError",), re.compile(r"\bMemoryError\b(?!\w)"), "cpu", "Python MemoryError"),
+    # -- engines' own messages that say memory could not be had, in any wording not read by their parsers
+    OomRule("turbomind-oom", ("[TM][ERROR]", "TurboMind", "turbomind"),
+            re.compile(r"\[TM\]\[ERROR\].{0,200}?(?:out of memory|CUDA runtime error: out of memory)|"
+                       r"(?:No enough blocks|no enough blocks)", re.I),
+            "cuda", "lmdeploy/turbomind (src/turbomind/utils/cuda_utils.h check; BlockManager)", engine="lmdeploy"),
+    # -- paraphrased or summary lines as people type them: "failed to allocate KV cache (requested ctx=262144,
+    #    gpu memory free=1024 MiB)", "n_ctx 32768 doesn't fit, only 2 GB free"
+    OomRule("kv-summary", ("KV cache", "kv cache", "KV-cache", "kv-cache"),
+            re.compile(r"(?i:(?:fail\w*|unable|could ?n[o']t|cannot|can't)\W+(?:\w+\W+){0,3}?(?:to\s+)?"
+                       r"(?:allocate|alloc|fit|create)\w*\W+(?:\w+\W+){0,2}?kv[ -]cache)"
+                       r"(?:[^\n]{0,120}?(?i:ctx|n_ctx|context)\s*[=:]?\s*(?P<ctx>\d[\d,]*))?"
+                       r"(?:[^\n]{0,80}?(?i:free)\s*[=:]?\s*(?P<free>[\d.,]+)\s*(?P<fu>[KMGT]i?B))?"),
+            None, "users' summaries of llama-server failures (issue texts, chats)", phase="kv_cache", read=_summary),
+    # -- the net: any other line in the words of a memory failure (format not fully understood)
+    OomRule("memory-words", ("out of memory", "Out of memory", "OUT OF MEMORY", "OutOfMemory", "OUT_OF_MEMORY",
+                             "out-of-memory", "Out Of Memory", "insufficient memory", "Insufficient memory",
+                             "Insufficient Memory", "not enough memory", "Not enough memory", "NOT ENOUGH MEMORY",
+                             "failed to allocate", "Failed to allocate", "unable to allocate", "Unable to allocate",
+                             "could not allocate", "Could not allocate", "allocation failed", "Allocation failed",
+                             "memory allocation", "Memory allocation", "more system memory", "requires more memory",
+                             "OOM", "oom"),
+            re.compile(r"(?i:out[ _-]of[ _-]?memory|insufficient[ _]memory|not enough (?:\w+ )?memory|"
+                       r"(?:failed|unable|could not|cannot) to allocate|(?:memory )?allocation failed|"
+                       r"memory allocation (?:of \d+ bytes )?failed|requires more (?:system )?memory)|\bOOM\b"),
+            None, "catch-all for memory-error words (kvreport's failure layer)", generic=True),
+)
+
+ENGINE_WORDS = (("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"), ("TurboMind", "lmdeploy"), ("[TM]", "lmdeploy"),
+                ("mlx_lm", "mlx-lm"), ("mlx-lm", "mlx-lm"), ("mlx_vlm", "mlx-lm"), ("mlx-vlm", "mlx-lm"),
+                ("mlx.core", "mlx-lm"), ("[metal::", "mlx-lm"))
+"""Words that name an engine this layer knows only through its memory errors (module names, log prefixes)."""
+
+KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in RULES for k in r.keywords} | {w for w, _ in ENGINE_WORDS}))
+"""Every literal that selects a line for this layer (derived from :data:`RULES`, never kept by hand)."""
+
+_CURRENT_DEVICE = re.compile(r"current device: (\d+)(?:, in function (\w+))?")
+_NOT_FAILURES = re.compile(r"(?i)\b(?:to avoid|avoid(?:s|ing)? (?:an? )?(?:oom|out of memory)|may run out|might run out|"
+                           r"if you (?:run|get|see)|reduce .{0,40}to prevent|--help|usage:|prevent oom|oom[ _-]?(?:score|adj))")
+_BACKEND_WORDS = (("hip", "rocm"), ("rocm", "rocm"), ("cuda", "cuda"), ("musa", "musa"), ("vulkan", "vulkan"),
+                  ("metal", "metal"), ("mtl", "metal"), ("sycl", "sycl"), ("xpu", "sycl"), ("opencl", "opencl"),
+                  ("cann", "cann"), ("npu", "cann"), ("openvino", "openvino"))
+
+
+def _backend_of_words(low: str) -> str | None:
+    for word, backend in _BACKEND_WORDS:
+        if word in low:
+            return backend
+    return None
+
+
+def feed(f: LogFacts, line: str, lineno: int) -> None:
+    """Read one cleaned line: an ``oom`` event for the first rule that matches (at most one per line)."""
+    if "current device:" in line:
+        _attach_device(f, line, lineno)
+        return
+    for word, engine in ENGINE_WORDS:
+        if word in line:
+            f.engine_hints[engine] += 2
+            break
+    for rule in RULES:
+        if not any(k in line for k in rule.keywords):
+            continue
+        m = rule.pattern.search(line)
+        if m is None:
+            continue
+        if rule.generic and _NOT_FAILURES.search(line):
+            return
+        data = rule.read(m) if rule.read else {}
+        backend = rule.backend
+        if rule.id == "ggml-cuda-error":
+            backend = {"ROCm": "rocm", "MUSA": "musa"}.get(data.get("cuda_name", "CUDA"), "cuda")
+        elif rule.id == "torch-oom":
+            backend = {"CUDA": "cuda", "HIP": "rocm", "XPU": "sycl", "MPS": "metal", "NPU": "cann"}.get(m.group("be"))
+        elif backend is None:
+            backend = _backend_of_words(line.lower())
+        f.add_event("oom", lineno, line, rule=rule.id, backend=backend, phase=rule.phase, engine=rule.engine,
+                    generic=rule.generic, **data)
+        return
+
+
+def _attach_device(f: LogFacts, line: str, lineno: int) -> None:
+    """``current device: N, in function F at ...`` (the second line of ggml's CUDA error block) -> the device
+    and the function of the ``oom`` event just before it."""
+    m = _CURRENT_DEVICE.search(line)
+    if not m:
+        return
+    for ev in reversed(f.events[-3:]):
+        if ev["kind"] == "oom" and lineno - ev["lineno"] <= 2:
+            ev["device_index"] = int(m.group(1))
+            if m.group(2):
+                ev["function"] = m.group(2)
+            return
