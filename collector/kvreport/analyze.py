@@ -359,9 +359,10 @@ class _Diagnosis:
 
     def _oom_failure(self, out: dict, real: list[dict]) -> bool:
         """Place a failure from the failure layer alone; False when it holds no memory-error line."""
-        evs = self._oom_events(real)
+        every = self._oom_events(real)
+        evs = [e for e in every if e.get("memory", True)]
         if not evs:
-            return False
+            return self._fatal_failure(out, every, real)
         specific = [e for e in evs if not e.get("generic")]
         ev = (specific or evs)[0] if not any(e.get("mib") for e in (specific or evs)) else \
             next(e for e in (specific or evs) if e.get("mib"))
@@ -390,6 +391,18 @@ class _Diagnosis:
                          f"'{ev['rule']}'", ev["line"])
         self.has_memory_event = True
         self.oom_event = ev
+        return True
+
+    def _fatal_failure(self, out: dict, fatal: list[dict], real: list[dict]) -> bool:
+        """A failure that the log shows but that is not about memory (a panic, a traceback, an assert): phase
+        unknown, its line as final_error, no memory fix. Only when no engine rule said anything about the end."""
+        if not fatal or any(e["kind"] in ("engine", "config", "final") for e in real):
+            return False
+        out["phase"] = "unknown"
+        out["final_error"] = self.f.cause_error or self.f.final_error or fatal[-1]["line"]
+        out["backend"] = next((e["backend"] for e in reversed(fatal) if e.get("backend")), "unknown")
+        self.finding("failure_line", "the log shows a failure that kvreport does not read as a memory error",
+                     fatal[-1]["line"])
         return True
 
     @staticmethod

@@ -12,7 +12,7 @@ from kvreport.logs.common import size_to_mib, to_float, to_int
 from kvreport.logs.facts import LogFacts
 
 KEYWORDS = ("msg=", "Listening on", "ollama", "Ollama", "llama runner", "OLLAMA_", "runner.go", "llama-server", "KvSize",
-            "memory layout", "model failed to load")
+            "memory layout", "model failed to load", "llama context")
 
 _WORD = re.compile(r"(?i)(?<![\w-])ollama(?![\w-])")
 _ATTR = re.compile(r'([\w.]+)=("(?:[^"\\]|\\.)*"|\[[^\]]*\]|\S+)')
@@ -101,6 +101,13 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         oom = any(w in low for w in _OOM_WORDS)
         backend = "cuda" if "cuda" in low else "rocm" if "hip" in low else "vulkan" if "vk_" in low or "vulkan" in low else None
         f.add_event("engine", lineno, line, engine="ollama", phase="unknown", backend=backend, oom=oom, weak=True)
+        f.final_error = line
+        f.add_error(line)
+        return
+    if "unable to create llama context" in line:
+        # runner (llama.go NewContextWithModel returned nil): llama_init_from_model failed, the buffer is not named
+        f.engine_hints["ollama"] += 2
+        f.add_event("engine", lineno, line, engine="ollama", phase="context", backend=None)
         f.final_error = line
         f.add_error(line)
         return

@@ -56,6 +56,7 @@ class OomRule:
     engine: str | None = None
     read: Callable[[re.Match], dict] | None = None
     generic: bool = False
+    memory: bool = True
 
 
 def _size(m: re.Match, g: int = 1, u: int | None = 2) -> dict:
@@ -192,6 +193,13 @@ RULES: tuple[OomRule, ...] = (
                        r"(?:[^\n]{0,120}?(?i:ctx|n_ctx|context)\s*[=:]?\s*(?P<ctx>\d[\d,]*))?"
                        r"(?:[^\n]{0,80}?(?i:free)\s*[=:]?\s*(?P<free>[\d.,]+)\s*(?P<fu>[KMGT]i?B))?"),
             None, "users' summaries of llama-server failures (issue texts, chats)", phase="kv_cache", read=_summary),
+    # -- the KV cache is full at run time: llama.cpp llama_decode "failed to find KV cache slot for ubatch of size N"
+    #    (2024), "failed to find a memory slot for batch of size N" (2025+), the server's "failed to find free space
+    #    in the KV cache"; Ollama's runner "could not find a kv cache slot"
+    OomRule("kv-slot", ("KV cache slot", "kv cache slot", "memory slot for", "free space in the KV cache"),
+            re.compile(r"(?i:failed to find (?:a )?(?:kv cache slot|memory slot for (?:u?batch)|free space in the kv cache)"
+                       r"|could not find a kv cache slot)"),
+            None, "llama.cpp llama_decode / server; Ollama runner (kvcache)", phase="kv_capacity"),
     # -- the net: any other line in the words of a memory failure (format not fully understood)
     OomRule("memory-words", ("out of memory", "Out of memory", "OUT OF MEMORY", "OutOfMemory", "OUT_OF_MEMORY",
                              "out-of-memory", "Out Of Memory", "insufficient memory", "Insufficient memory",
@@ -211,7 +219,22 @@ ENGINE_WORDS = (("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"), ("TurboMind
                 ("mlx.core", "mlx-lm"), ("[metal::", "mlx-lm"))
 """Words that name an engine this layer knows only through its memory errors (module names, log prefixes)."""
 
-KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in RULES for k in r.keywords} | {w for w, _ in ENGINE_WORDS}))
+FATAL = OomRule(
+    "fatal-words", ("panic: ", "Traceback", "terminate called", "Segmentation fault", "core dumped", "Aborted", "FATAL",
+                    "atal error", "GGML_ASSERT", "ggml_abort", "exit status", "exited with", "level=ERROR",
+                    "ShardCannotStart", "failed to start", "Error: ", "Exception: ", "error: ", "CUDA error",
+                    "SYCL error", "CANN error", "HIP error", "illegal memory access"),
+    re.compile(r"panic: |Traceback \(most recent call last\)|terminate called after throwing|Segmentation fault|"
+               r"core dumped|\bAborted\b|\bFATAL\b|[Ff]atal error|GGML_ASSERT|ggml_abort|exit status -?\d|"
+               r"exited with (?:code|status) -?[1-9]|level=ERROR|ShardCannotStart|failed to start|"
+               r"^(?:\S+ ){0,3}?\w*(?:Error|Exception): |^\W{0,3}error: |\b(?:CUDA|SYCL|CANN|HIP) error\b|"
+               r"illegal memory access"),
+    None, "the last line of a failure that is not (or not recognisably) about memory: panics, tracebacks, "
+          "asserts, aborts, exit statuses", memory=False)
+"""Not a memory rule: a failure line kvreport cannot tie to memory (phase ``unknown``, no memory fix)."""
+
+KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in (*RULES, FATAL) for k in r.keywords}
+                                         | {w for w, _ in ENGINE_WORDS}))
 """Every literal that selects a line for this layer (derived from :data:`RULES`, never kept by hand)."""
 
 _CURRENT_DEVICE = re.compile(r"current device: (\d+)(?:, in function (\w+))?")
@@ -255,8 +278,11 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         elif backend is None:
             backend = _backend_of_words(line.lower())
         f.add_event("oom", lineno, line, rule=rule.id, backend=backend, phase=rule.phase, engine=rule.engine,
-                    generic=rule.generic, **data)
+                    generic=rule.generic, memory=True, **data)
         return
+    if any(k in line for k in FATAL.keywords) and FATAL.pattern.search(line):
+        f.add_event("oom", lineno, line, rule=FATAL.id, backend=_backend_of_words(line.lower()), phase=None,
+                    engine=None, generic=True, memory=False)
 
 
 def _attach_device(f: LogFacts, line: str, lineno: int) -> None:

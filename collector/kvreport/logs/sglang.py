@@ -8,7 +8,10 @@ import re
 from kvreport.logs.facts import LogFacts
 
 KEYWORDS = ("sglang", "SGLang", "profiled value", "mem_fraction_static", "mem-fraction-static", "KV Cache is allocated",
-            "max_total_num_tokens", "Load weight end", "memory_pool", "TP0", "CUDA error", "Not enough memory")
+            "max_total_num_tokens", "Load weight end", "memory_pool", "TP0", "CUDA error", "Not enough memory",
+            "memory capacity is unbalanced")
+_UNBALANCED = re.compile(r"The memory capacity is unbalanced\.(?:.*?(?:min_per_gpu_memory|pre_model_load_memory)=([\d.]+),\s*"
+                         r"local_gpu_memory=([\d.]+))?")
 
 _ALLOC = re.compile(r"KV Cache is allocated\. #tokens:\s*(\d+),\s*(?:K size:\s*([\d.]+) GB,\s*V size:\s*([\d.]+) GB|KV size:\s*([\d.]+) GB)")
 _SUMMARY = re.compile(r"max_total_num_tokens=(\d+).*?max_running_requests=(\d+).*?context_len=(\d+).*?available_gpu_mem=([\d.]+) GB")
@@ -59,6 +62,16 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
             f.add_event("engine", lineno, line, engine="sglang", phase="kv_capacity", backend=None, profiled=True)
             f.final_error = f.final_error or line
             f.add_error(line)
+        return
+    if "memory capacity is unbalanced" in line:
+        # model_runner.py init_torch_distributed (every release since 2024): with tp > 1, a GPU of the group has
+        # less than 90 % of this rank's free memory before loading (ValueError, later RuntimeError)
+        m = _UNBALANCED.search(line)
+        f.engine_hints["sglang"] += 3
+        f.add_event("engine", lineno, line, engine="sglang", phase="memory_budget", backend=None, unbalanced=True,
+                    free_mib=float(m.group(1)) * 1024.0 if m and m.group(1) else None)
+        f.final_error = line
+        f.add_error(line)
         return
     if "Not enough memory. Please try to increase --mem-fraction-static" in line:
         f.engine_hints["sglang"] += 3

@@ -11,9 +11,11 @@ from kvreport.logs.facts import LogFacts
 KEYWORDS = ("vLLM", "vllm", "KV cache", "max seq len", "gpu_memory_utilization", "GPU blocks", "blocks:",
             "Free memory on device", "Model loading took", "model weights took", "Maximum concurrency",
             "EngineCore", "out of memory", "max_model_len", "Memory profiling", "cache blocks", "KVCache",
-            "Required:", "Auto-fit", "Application startup complete", "Starting vLLM")
+            "Required:", "Auto-fit", "Application startup complete", "Starting vLLM", "reserved for KV Cache")
 
-_AVAIL = re.compile(r"Available KV cache memory:\s*(-?[\d.]+)\s*GiB")
+_AVAIL = re.compile(r"Available KV cache memory:\s*(-?[\d.]+)\s*GiB|"
+                    # V0 worker.py (0.6-0.8): "...; the rest of the memory reserved for KV Cache is -1.05GiB."
+                    r"the rest of the memory reserved for KV Cache is\s*(-?[\d.]+)\s*GiB")
 _POOL = re.compile(r"GPU KV cache size:\s*([\d,]+)\s*tokens")
 _BLOCKS = re.compile(r"# (?:GPU|cuda|rocm|\w+) blocks:\s*(\d+)")
 _CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request:\s*([\d.]+)x")
@@ -67,7 +69,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         f.engine_hints["vllm"] += 2
     m = _AVAIL.search(line)
     if m:
-        v["available_kv_mib"] = float(m.group(1)) * 1024.0
+        v["available_kv_mib"] = float(m.group(1) or m.group(2)) * 1024.0
         f.engine_hints["vllm"] += 2
         if v["available_kv_mib"] <= 0:
             # vLLM raises "No available memory for the cache blocks" right after this line
