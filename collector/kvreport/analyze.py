@@ -412,6 +412,8 @@ class _Diagnosis:
         fn = ev.get("function") or ""
         if fn.startswith("ggml_cuda_pool") or fn == "alloc":
             return "compute_buffer"
+        if ev.get("rule", "").startswith("torch") and ev.get("py_stage"):
+            return ev["py_stage"]
         return "unknown"
 
     def _oom_device(self, ev: dict) -> str | None:

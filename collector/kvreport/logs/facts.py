@@ -76,12 +76,14 @@ class LogFacts:
     stage: str = ""
     in_fit: bool = False
     kv_section: str = ""
+    py_stage: str = ""
+    """Where a Python engine was (traceback frames, start-up lines): a phase word, see kvreport.logs.oom.STAGES."""
 
     def to_dict(self) -> dict:
         """A JSON-serialisable copy (parser state left out)."""
         d = asdict(self)
         d["engine_hints"] = dict(self.engine_hints)
-        for k in ("stage", "in_fit", "kv_section"):
+        for k in ("stage", "in_fit", "kv_section", "py_stage"):
             d.pop(k, None)
         return d
 

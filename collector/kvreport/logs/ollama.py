@@ -12,7 +12,9 @@ from kvreport.logs.common import size_to_mib, to_float, to_int
 from kvreport.logs.facts import LogFacts
 
 KEYWORDS = ("msg=", "Listening on", "ollama", "Ollama", "llama runner", "OLLAMA_", "runner.go", "llama-server", "KvSize",
-            "memory layout", "model failed to load", "llama context")
+            "memory layout", "model failed to load", "llama context", "more system memory", "reported out-of-memory")
+# llm/server.go (0.1.3x-0.5): "model requires more system memory (164.8 GiB) than is available (13.4 GiB)"
+_SYSMEM = re.compile(r"model requires more system memory \(([\d.]+)\s*([KMGT]i?B)\) than is available \(([\d.]+)\s*([KMGT]i?B)\)")
 
 _WORD = re.compile(r"(?i)(?<![\w-])ollama(?![\w-])")
 _ATTR = re.compile(r'([\w.]+)=("(?:[^"\\]|\\.)*"|\[[^\]]*\]|\S+)')
@@ -92,6 +94,27 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         m = _NUM_GPU.search(line)
         if m:
             o["num_gpu"] = int(m.group(1))
+        f.add_event("engine", lineno, line, engine="ollama", phase="context", backend=None)
+        f.final_error = line
+        f.add_error(line)
+        return
+    if "more system memory" in line:
+        m = _SYSMEM.search(line)
+        if m:
+            # Ollama's own check before it starts a runner: the model does not fit the free RAM (+ free VRAM)
+            f.engine_hints["ollama"] += 3
+            f.add_event("engine", lineno, line, engine="ollama", phase="memory_budget", backend="cpu", device="CPU",
+                        requested_mib=size_to_mib(float(m.group(1)), m.group(2)),
+                        free_mib=size_to_mib(float(m.group(3)), m.group(4)))
+            f.final_error = line
+            f.add_error(line)
+            return
+    if "reported out-of-memory" in line:
+        f.engine_hints["ollama"] += 3  # llm/llama_server.go (2026): the llama-server subprocess died of OOM
+    if ("llama runner process" in line or "llama-server process" in line) and "failed to create context" in line:
+        # runner (2024): "error:failed to create context with model '...'" (llama_new_context_with_model returned
+        # NULL): the context could not be created; the buffer is not named
+        f.engine_hints["ollama"] += 2
         f.add_event("engine", lineno, line, engine="ollama", phase="context", backend=None)
         f.final_error = line
         f.add_error(line)

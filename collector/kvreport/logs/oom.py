@@ -135,10 +135,12 @@ RULES: tuple[OomRule, ...] = (
             "metal", "ggml-metal.m ggml_metal_add_buffer (2023-2024 builds)", read=_metal_buf),
     OomRule("metal-iogpu-oom", ("kIOGPUCommandBufferCallbackErrorOutOfMemory", "Insufficient Memory"),
             re.compile(r"kIOGPUCommandBufferCallbackErrorOutOfMemory|Insufficient Memory \(0+8"),
-            "metal", "Metal command buffer error (MTLCommandBufferErrorOutOfMemory); llama.cpp, mlx, Ollama reports"),
+            "metal", "Metal command buffer error (MTLCommandBufferErrorOutOfMemory); llama.cpp, mlx, Ollama reports",
+            phase="compute_buffer"),
     OomRule("metal-status-5", ("failed with status 5",),
             re.compile(r"command buffer \d+ failed with status 5"), "metal",
-            "ggml-metal.m ggml_metal_graph_compute: MTLCommandBufferStatusError (5), out of memory in reports"),
+            "ggml-metal.m ggml_metal_graph_compute: MTLCommandBufferStatusError (5) while the graph runs",
+            phase="compute_buffer"),
     OomRule("mlx-buffer-limit", ("[metal::malloc]",),
             re.compile(r"\[metal::malloc\] Attempting to allocate (\d+) bytes which is greater than the maximum "
                        r"allowed buffer size of (\d+) bytes"),
@@ -214,9 +216,24 @@ RULES: tuple[OomRule, ...] = (
             None, "catch-all for memory-error words (kvreport's failure layer)", generic=True),
 )
 
+STAGES = (
+    # vLLM (gpu_model_runner.py / worker.py / model_runner.py), SGLang (model_runner.py, cuda_graph_runner.py), TGI
+    # (flash_causal_lm.py warmup): the function or log words of each start-up step, and the buffer that step allocates
+    (("capture_model", "cuda_graph", "cudagraph", "CUDA graph", "CUDAGraph", "CudaGraph", "graph capture",
+      "Capturing"), "compute_buffer"),
+    (("profile_run", "_dummy_run", "_dummy_sampler_run", "determine_num_available_blocks",
+      "determine_available_memory", "warmup", "warm_up", "Warming up", "def warmup"), "compute_buffer"),
+    (("initialize_kv_cache", "_allocate_kv_cache", "allocate_kv_cache", "init_memory_pool", "_init_cache_engine",
+      "CacheEngine("), "kv_cache"),
+    (("load_model", "load_weights", "weight_loader", "Loading weights", "Loading model weights",
+      "Loading safetensors", "model_loader"), "model_weights"),
+)
+"""Python engines' start-up steps (traceback frames and log words) -> the phase of an OOM raised inside them."""
+
 ENGINE_WORDS = (("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"), ("TurboMind", "lmdeploy"), ("[TM]", "lmdeploy"),
                 ("mlx_lm", "mlx-lm"), ("mlx-lm", "mlx-lm"), ("mlx_vlm", "mlx-lm"), ("mlx-vlm", "mlx-lm"),
-                ("mlx.core", "mlx-lm"), ("[metal::", "mlx-lm"))
+                ("mlx.core", "mlx-lm"), ("[metal::", "mlx-lm"), ("ggml_", "llama.cpp"), ("ggml-", "llama.cpp"),
+                ("llama_", "llama.cpp"), ("llm_load", "llama.cpp"))
 """Words that name an engine this layer knows only through its memory errors (module names, log prefixes)."""
 
 FATAL = OomRule(
@@ -234,7 +251,8 @@ FATAL = OomRule(
 """Not a memory rule: a failure line kvreport cannot tie to memory (phase ``unknown``, no memory fix)."""
 
 KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in (*RULES, FATAL) for k in r.keywords}
-                                         | {w for w, _ in ENGINE_WORDS}))
+                                         | {w for w, _ in ENGINE_WORDS} | {w for ws, _ in STAGES for w in ws}
+                                         | {"current device:"}))
 """Every literal that selects a line for this layer (derived from :data:`RULES`, never kept by hand)."""
 
 _CURRENT_DEVICE = re.compile(r"current device: (\d+)(?:, in function (\w+))?")
@@ -259,7 +277,11 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         return
     for word, engine in ENGINE_WORDS:
         if word in line:
-            f.engine_hints[engine] += 2
+            f.engine_hints[engine] += 2 if engine != "llama.cpp" else 1
+            break
+    for words, phase in STAGES:
+        if any(w in line for w in words):
+            f.py_stage = phase
             break
     for rule in RULES:
         if not any(k in line for k in rule.keywords):
@@ -278,7 +300,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         elif backend is None:
             backend = _backend_of_words(line.lower())
         f.add_event("oom", lineno, line, rule=rule.id, backend=backend, phase=rule.phase, engine=rule.engine,
-                    generic=rule.generic, memory=True, **data)
+                    generic=rule.generic, memory=True, py_stage=f.py_stage or None, **data)
         return
     if any(k in line for k in FATAL.keywords) and FATAL.pattern.search(line):
         f.add_event("oom", lineno, line, rule=FATAL.id, backend=_backend_of_words(line.lower()), phase=None,

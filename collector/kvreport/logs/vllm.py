@@ -20,7 +20,7 @@ _POOL = re.compile(r"GPU KV cache size:\s*([\d,]+)\s*tokens")
 _BLOCKS = re.compile(r"# (?:GPU|cuda|rocm|\w+) blocks:\s*(\d+)")
 _CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request:\s*([\d.]+)x")
 _V0_CAP = re.compile(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV cache \((\d+)\)")
-_V1_CAP = re.compile(r"max seq len \((\d+)\),\s*\(?([\d.]+) GiB KV cache is needed, which is larger than the available KV cache memory \(([-\d.]+) GiB\)")
+_V1_CAP = re.compile(r"max seq len \((\d+)\),\s*\(?([\d.]+) Gi?B KV cache is needed, which is larger than the available KV cache memory \(([-\d.]+) Gi?B\)")
 _EST = re.compile(r"estimated maximum model length is (\d+)")
 _NO_MEM = re.compile(r"No available memory for the cache blocks")
 _GATE = re.compile(r"Free memory on device\s*(\S+)?\s*\(([\d.]+)/([\d.]+) GiB\) on startup is less than desired GPU memory utilization \(([\d.]+),\s*([\d.]+) GiB\)")
@@ -147,7 +147,16 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         total = size_to_mib(float(m.group(4)), m.group(5)) if m.group(4) else None
         if dev and total:
             f.set_device(dev, "torch_oom", total_mib=total)
-        phase = "model_weights" if f.stage not in ("profile",) and "weights_mib" not in v else "compute_buffer"
+        # the step it was raised in (traceback frames, kvreport.logs.oom.STAGES), else: after the weights were
+        # loaded it is the profiling / graph capture (compute); before, with vLLM's start-up lines seen, the weights
+        if f.py_stage:
+            phase = f.py_stage
+        elif f.stage == "profile" or "weights_mib" in v:
+            phase = "compute_buffer"
+        elif v.get("version") or v.get("config"):
+            phase = "model_weights"
+        else:
+            phase = "unknown"
         f.add_event("engine", lineno, line, engine=None, phase=phase, backend="cuda", device=dev,
                     requested_mib=req, free_mib=free, torch_oom=True)
         f.final_error = line
