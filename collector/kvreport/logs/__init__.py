@@ -84,11 +84,43 @@ _GLUED = re.compile(r"(?<=[a-z0-9)])(?=(?:ggml_gallocr_reserve_n\w*|alloc_tensor
                     r"llama_new_context_with_model|llama_init_from_model|llama_kv_cache_init|graph_reserve): )")
 
 
+# Engine messages that people paste re-wrapped over two lines (terminal width, e-mail, issue quotes): when two
+# consecutive key lines hold one of these phrases only once joined, the joined text is read too. Each phrase is
+# part of a message an engine rule reads (vLLM V0/V1 capacity and start-up gate, Ollama's memory check, torch's
+# OOM, SGLang's pool check, llama.cpp's KV failure).
+WRAP_PHRASES = ("KV cache is needed", "larger than the available KV cache memory", "can be stored in KV cache",
+                "less than desired GPU memory utilization", "more system memory", "Tried to allocate",
+                "increase --mem-fraction-static", "No available memory for the cache blocks",
+                "failed to allocate buffer for kv cache", "failed to allocate buffer for the kv cache")
+
+
+def wrap_join(prev: str, line: str) -> str | None:
+    """``prev`` and ``line`` as one message when a :data:`WRAP_PHRASES` phrase appears only once they are joined
+    (directly for a word cut in two, else with a space), else None."""
+    for sep in ("", " "):
+        joined = prev + sep + line
+        for phrase in WRAP_PHRASES:
+            if phrase in joined and phrase not in prev and phrase not in line:
+                return joined
+    return None
+
+
 def _feed_one(f: LogFacts, raw, lineno: int) -> None:
     line = clean_line(raw)
     if not line or _KEY.search(line) is None:
         return
     f.key_line_count += 1
+    prev = f.prev_key
+    f.prev_key = (lineno, line)
+    if prev and prev[0] == lineno - 1 and len(prev[1]) < 4000:
+        joined = wrap_join(prev[1], line)
+        if joined is not None:
+            _feed_parts(f, joined, lineno)
+            return
+    _feed_parts(f, line, lineno)
+
+
+def _feed_parts(f: LogFacts, line: str, lineno: int) -> None:
     parts = _JOINED.split(line) if "  " in line and len(line) > 40 else [line]
     if "alloc" in line:
         parts = [q for part in parts for q in _GLUED.split(part)]

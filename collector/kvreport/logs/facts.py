@@ -77,13 +77,15 @@ class LogFacts:
     in_fit: bool = False
     kv_section: str = ""
     py_stage: str = ""
+    prev_key: tuple | None = None
+    """The previous key line (line number, text), to read messages re-wrapped over two lines."""
     """Where a Python engine was (traceback frames, start-up lines): a phase word, see kvreport.logs.oom.STAGES."""
 
     def to_dict(self) -> dict:
         """A JSON-serialisable copy (parser state left out)."""
         d = asdict(self)
         d["engine_hints"] = dict(self.engine_hints)
-        for k in ("stage", "in_fit", "kv_section", "py_stage"):
+        for k in ("stage", "in_fit", "kv_section", "py_stage", "prev_key"):
             d.pop(k, None)
         return d
 

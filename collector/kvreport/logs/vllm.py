@@ -11,7 +11,9 @@ from kvreport.logs.facts import LogFacts
 KEYWORDS = ("vLLM", "vllm", "KV cache", "max seq len", "gpu_memory_utilization", "GPU blocks", "blocks:",
             "Free memory on device", "Model loading took", "model weights took", "Maximum concurrency",
             "EngineCore", "out of memory", "max_model_len", "Memory profiling", "cache blocks", "KVCache",
-            "Required:", "Auto-fit", "Application startup complete", "Starting vLLM", "reserved for KV Cache")
+            "Required:", "Auto-fit", "Application startup complete", "Starting vLLM", "reserved for KV Cache",
+            # halves of messages pasted re-wrapped (kvreport.logs.WRAP_PHRASES)
+            "memory utilization", "KV cache memory", "is needed", "Tried to allocate")
 
 _AVAIL = re.compile(r"Available KV cache memory:\s*(-?[\d.]+)\s*GiB|"
                     # V0 worker.py (0.6-0.8): "...; the rest of the memory reserved for KV Cache is -1.05GiB."
