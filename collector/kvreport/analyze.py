@@ -373,7 +373,11 @@ class _Diagnosis:
         out["free_mib"] = _r2(ev.get("free_mib"))
         out["allocator_error"] = ev["line"]
         out["final_error"] = self.f.final_error or evs[-1]["line"]
-        if ev.get("limit_mib") is not None and ev.get("mib") is not None and ev["mib"] > ev["limit_mib"]:
+        if ev.get("rule") == "ggml-pool" and ev.get("limit_mib") is not None:
+            self.finding("pool_size", f"ggml's fixed memory pool of {_fmt(ev['limit_mib'])} MiB (sized by llama.cpp "
+                         f"itself, not a device limit) was {_fmt((ev.get('mib') or 0) - ev['limit_mib'])} MiB short",
+                         ev["line"])
+        elif ev.get("limit_mib") is not None and ev.get("mib") is not None and ev["mib"] > ev["limit_mib"]:
             self.limit = True
             self.finding("alloc_limit", f"the request of {_fmt(ev['mib'])} MiB is above a limit of "
                          f"{_fmt(ev['limit_mib'])} MiB that the line names", ev["line"])
@@ -1026,7 +1030,10 @@ class _Diagnosis:
             n_gpu_layers_log=f.ollama.get("num_gpu"), kv_budget_mib=getattr(self, "budget_mib", None),
             kv_share=self._kv_share(failure.get("failing_device")),
             n_ctx_rounded=self._rounded_ctx(),
-            mem_limit_mib=(self.mem_limit or (None, None))[0], mem_limit_what=(self.mem_limit or (None, None))[1], kv_headroom_mib=getattr(self, "headroom_mib", None), kv_headroom_why=getattr(self, "headroom_why", None))
+            mem_limit_mib=(self.mem_limit or (None, None))[0], mem_limit_what=(self.mem_limit or (None, None))[1],
+            kv_headroom_mib=getattr(self, "headroom_mib", None), kv_headroom_why=getattr(self, "headroom_why", None),
+            oom_rule=(self.oom_event or {}).get("rule"), py_stage=f.py_stage or None,
+            working_set=(self.oom_event or {}).get("rule") in ("metal-status-5", "metal-iogpu-oom", "metal-nil"))
 
 
 def _r2(x) -> float | None:

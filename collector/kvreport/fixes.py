@@ -101,6 +101,12 @@ class Situation:
     mem_limit_mib: float | None = None
     mem_limit_what: str | None = None
     kv_headroom_why: str | None = None
+    oom_rule: str | None = None
+    """The failure-layer rule (kvreport.logs.oom) that placed the failure, when no engine rule did."""
+    working_set: bool = False
+    """A Metal command buffer failed for memory while the graph ran (the whole working set, not one buffer)."""
+    py_stage: str | None = None
+    """The start-up step of a Python engine in which a torch OOM was raised (kvreport.logs.oom.STAGES)."""
 
 
 def _mib(x: float | None) -> str:
@@ -559,6 +565,14 @@ def _llama_rules(b: _Builder) -> None:
         _rebalance(b, 5)
         if not host_cap:
             _free_memory(b, 6)
+    elif s.phase == "compute_buffer" and s.working_set:
+        # Metal: a command buffer ran out while the graph ran (weights + KV + compute over the working set): shrink
+        # the biggest part the numbers show, the context when it is large, else the layers on the GPU
+        big_ctx = (s.n_ctx or 0) >= 8192 or (s.kv_mib or 0) >= 1024
+        _reduce_ctx(b, 0 if big_ctx else 1)
+        _reduce_layers(b, 1 if big_ctx else 0)
+        _smaller_model(b, 2)
+        _reduce_batch(b, 3)
     elif s.phase == "compute_buffer":
         idx = _dev_index(s.failing_device)
         if (s.alloc_limit or s.verdict == "exceeds_alloc_limit") and not host_cap:
@@ -587,6 +601,23 @@ def _llama_rules(b: _Builder) -> None:
         _smaller_model(b, 1)
         if not host_cap:
             _free_memory(b, 3)
+    elif s.phase == "memory_budget":
+        # Ollama's check before it starts a runner: the model (weights + KV + graph) does not fit the free memory. A
+        # small gap is closed by a smaller context; a model several times the free memory needs a smaller model.
+        near = s.requested_mib is not None and s.free_mib and s.requested_mib <= 1.5 * s.free_mib
+        _smaller_model(b, 1 if near else 0)
+        _reduce_ctx(b, 0 if near else 1)
+        _free_memory(b, 2)
+    elif s.phase == "kv_capacity":
+        # the KV cache is full at run time (no slot for the batch): each parallel slot holds n_ctx / n_parallel
+        _reduce_parallel(b, 0)
+        _reduce_batch(b, 1)
+    elif s.phase == "unknown" and s.has_memory_event and (s.n_ctx or 0) >= 32768:
+        _reduce_ctx(b, 0)
+        _quantize(b, 1)
+        if s.backend not in ("cpu", "unknown"):
+            _reduce_layers(b, 2, s.requested_mib)
+        _free_memory(b, 5)
     elif s.phase == "unknown" and s.has_memory_event:
         if (s.n_ubatch or 0) >= 2048:
             _reduce_batch(b, 0)
@@ -668,6 +699,9 @@ def _py_engine_rules(b: _Builder) -> None:
         b.add(2, "quantize-kv-cache", "Store the KV cache as fp8", {"--kv-cache-dtype": "fp8"},
               "half the KV bytes of bf16", "fp8 KV halves the bytes per token.")
         return
+    if s.phase in ("compute_buffer", "unknown") and s.engine not in ("tgi",) and s.has_memory_event:
+        _py_activation_rules(b, util, util_flag, len_flag, seqs_flag, max_len)
+        return
     if s.phase == "compute_buffer" or (s.engine == "tgi" and s.phase == "unknown"):
         if s.engine == "tgi":
             cur = s.flags.get("max_batch_prefill_tokens")
@@ -687,6 +721,34 @@ def _py_engine_rules(b: _Builder) -> None:
               "weights per GPU halve", "Tensor parallelism splits the weights across GPUs.")
 
 
+def _py_activation_rules(b: _Builder, util, util_flag: str, len_flag: str, seqs_flag: str, max_len) -> None:
+    """A torch OOM outside the KV pool (graph capture, profiling, warm-up, or a step the log does not name): the
+    activations need room that utilization x total left to the pool. Shrink what the activations scale with
+    (batched tokens, sequences, graph capture) and leave more memory outside the pool."""
+    s = b.s
+    sg = s.engine == "sglang"
+    capture = s.py_stage == "compute_buffer" and s.phase == "compute_buffer"
+    if s.phase == "unknown" and max_len:
+        b.add(0, "reduce-max-model-len", f"Lower {len_flag} to {int(max_len) // 2}", {len_flag: int(max_len) // 2},
+              "a shorter maximum request shrinks the KV pool and the largest activations",
+              "Where the OOM was raised is not in the log; the maximum length sizes both the KV pool and the "
+              "activations of the longest request.")
+    batch_flag = "--chunked-prefill-size" if sg else "--max-num-batched-tokens"
+    b.add(0 if capture or s.phase == "compute_buffer" else 1, "reduce-batch", f"Lower {batch_flag} to 2048",
+          {batch_flag: 2048}, "a smaller activation peak per step",
+          "Activations grow with the tokens processed in one step; graph capture also reserves memory per batch size "
+          "(--enforce-eager / --cuda-graph-max-bs shrink that).")
+    cur = util if isinstance(util, (int, float)) else (0.9 if not sg else None)
+    if cur:
+        new = round(max(0.5, cur - 0.05), 2)
+        b.add(1, "lower-gpu-memory-utilization", f"Lower {util_flag} to {new}", {util_flag: new},
+              f"{round((cur - new) * 100)} % of the GPU more outside the KV pool for activations and graphs",
+              "The KV pool takes utilization x total; what torch needs beyond it must fit in the rest.")
+    b.add(1.5, "reduce-max-num-seqs", f"Lower {seqs_flag} to 64", {seqs_flag: 64},
+          "fewer sequences per step, smaller sampler and activation buffers",
+          "Warm-up and sampling allocate per sequence of the largest batch.")
+
+
 def suggest(s: Situation, limit: int = 4) -> list[dict]:
     """Ranked suggestions for a situation (at most ``limit``); [] when nothing failed or the
     failure is not about memory."""
@@ -694,8 +756,9 @@ def suggest(s: Situation, limit: int = 4) -> list[dict]:
     if s.phase not in MEMORY_PHASES and not (s.phase == "unknown" and (s.has_memory_event or s.engine == "tgi")):
         return []
     flags = s.flags or {}
-    py_like = s.engine in ("vllm", "sglang", "tgi") or (
-        s.engine == "unknown" and any(k in flags for k in ("max_model_len", "gpu_memory_utilization", "max_num_seqs")))
+    py_like = s.engine in ("vllm", "sglang", "tgi", "lmdeploy") or (
+        s.engine == "unknown" and (any(k in flags for k in ("max_model_len", "gpu_memory_utilization", "max_num_seqs"))
+                                   or (s.oom_rule or "").startswith("torch")))
     if py_like:
         _py_engine_rules(b)
     else:

@@ -76,11 +76,11 @@ def _torch(m: re.Match) -> dict:
 
 
 def _pool(m: re.Match) -> dict:
-    return {"mib": _mib(m.group("need"), None), "limit_mib": _mib(m.group("avail"), None)}
+    return {"mib": _mib(m.group("need"), None), "limit_mib": _mib(m.group("avail"), None)}  # None when not printed
 
 
 def _mlx_limit(m: re.Match) -> dict:
-    return {"mib": _mib(m.group(1), None), "limit_mib": _mib(m.group(2), None)}
+    return {"mib": _mib(m.group(1), None), "limit_mib": _mib(m.group(2), None) if m.group(2) else None}
 
 
 def _cuda_block(m: re.Match) -> dict:
@@ -141,9 +141,12 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"command buffer \d+ failed with status 5"), "metal",
             "ggml-metal.m ggml_metal_graph_compute: MTLCommandBufferStatusError (5) while the graph runs",
             phase="compute_buffer"),
+    OomRule("metal-nil", ("buffer is nil",), re.compile(r"ggml_metal_get_buffer: error: buffer is nil"), "metal",
+            "ggml-metal.m ggml_metal_get_buffer (2023-2024): a tensor outside every buffer, after a buffer could not "
+            "be allocated over the working set", phase="compute_buffer"),
     OomRule("mlx-buffer-limit", ("[metal::malloc]",),
-            re.compile(r"\[metal::malloc\] Attempting to allocate (\d+) bytes which is greater than the maximum "
-                       r"allowed buffer size of (\d+) bytes"),
+            re.compile(r"\[metal::malloc\] Attempting to allocate (\d+) bytes(?: which is greater than the maximum "
+                       r"allowed buffer size of (\d+) bytes)?"),
             "metal", "mlx/backend/metal/allocator.cpp MetalAllocator::malloc", engine="mlx-lm", read=_mlx_limit),
     OomRule("mlx-malloc-or-wait", ("[malloc_or_wait]", "[malloc]"),
             re.compile(r"\[(?:malloc_or_wait|malloc)\] Unable to allocate (\d+) bytes"),
@@ -168,8 +171,8 @@ RULES: tuple[OomRule, ...] = (
     # -- 2023 ggml: ggml.c ggml_new_tensor_impl / ggml_new_object "not enough space in the context's memory pool
     #    (needed N, available M)" and the scratch pool twin: a fixed host pool that was sized too small
     OomRule("ggml-pool", ("memory pool (needed", "memory pool",),
-            re.compile(r"not enough space in the (?:context's|scratch) memory pool \(needed (?P<need>\d+), "
-                       r"available (?P<avail>\d+)\)"),
+            re.compile(r"not enough space in the (?:context's|scratch) memory pool(?: \(needed (?P<need>\d+), "
+                       r"available (?P<avail>\d+)\))?"),
             "cpu", "ggml.c (2023) ggml_new_tensor_impl / ggml_new_object", phase="compute_buffer", read=_pool),
     # -- host memory: C++ std::bad_alloc, errno ENOMEM, Python MemoryError, the kernel's OOM killer
     OomRule("bad-alloc", ("bad_alloc",), re.compile(r"std::bad_alloc|\bbad_alloc\b"), "cpu",
