@@ -30,6 +30,8 @@ import re
 import shlex
 from typing import Any
 
+from kvreport.units import GIB, MIB
+
 # ---------------------------------------------------------------------------------------------
 # llama.cpp grammar: "aliases | arity | env".  Arity: 0 bare flag, 1 one value, n one numeric
 # value, ? optional on/off/auto value, 2 two values.  Source: `llama-server --help` (see above).
@@ -683,7 +685,7 @@ def _size_bytes(text: str, default_unit: str = "b") -> float | None:
     if not m:
         return None
     unit = (m.group(2) or default_unit).lower()
-    return float(m.group(1)) * {"b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[unit]
+    return float(m.group(1)) * {"b": 1, "k": 1024, "m": MIB, "g": GIB, "t": 1024 * GIB}[unit]
 
 
 def _locate(seg: list[str], depth: int = 0) -> _Found | None:
@@ -778,7 +780,7 @@ def _locate_docker(seg: list[str], i: int, found: _Found) -> _Found | None:
         if key in ("-m", "--memory"):  # docker run --memory 4g: the container's cgroup memory limit
             size = _size_bytes(val)
             if size:
-                _merge_limits(found.limits, {"container_memory_limit_mib": round(size / 2**20, 2)})
+                _merge_limits(found.limits, {"container_memory_limit_mib": round(size / MIB, 2)})
     if i >= len(seg):
         return None
     image = seg[i]

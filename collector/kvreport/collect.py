@@ -27,9 +27,9 @@ from kvreport import __version__
 from kvreport.bundle import SCHEMA_ID, BundleError, new_bundle_id, validate_bundle
 from kvreport.errors import InputError, KvreportError, UploadError
 from kvreport.excerpt import Excerpt
+from kvreport.vocab import BACKEND_DEVICE_PREFIX, PYTHON_ENGINES
 
-_DEVICE_PREFIX = {"cuda": "CUDA", "rocm": "ROCm", "vulkan": "Vulkan", "sycl": "SYCL", "metal": "MTL",
-                  "musa": "MUSA"}
+_DEVICE_PREFIX = BACKEND_DEVICE_PREFIX
 
 
 def device_name(device: dict) -> str:
@@ -108,7 +108,7 @@ def _engine_section(command: dict, probe_result: dict, log_engine: str | None) -
         engine = dict(probe_result["engine"])
     elif name == "ollama" and probe_result.get("ollama"):
         engine = dict(probe_result["ollama"])
-    elif name in ("vllm", "sglang", "tgi") and probe_result.get("python_engines"):
+    elif name in PYTHON_ENGINES and probe_result.get("python_engines"):
         py = probe_result["python_engines"]
         engine = {"version": py.get({"vllm": "vllm", "sglang": "sglang"}.get(name, "text-generation-server")),
                   "packages": py}
@@ -128,7 +128,7 @@ def engine_python(command: dict, program_path: str | None = None) -> str | None:
     to execute it; otherwise an absolute path typed in the command, or the name looked up on the
     PATH without ``.`` (a program in the current folder is never run).
     """
-    if command.get("engine") not in ("vllm", "sglang", "tgi"):
+    if command.get("engine") not in PYTHON_ENGINES:
         return None
     engine_argv = command.get("engine_argv") or []
     if not engine_argv:
@@ -172,7 +172,7 @@ def _log_version(facts, engine_name: str | None) -> dict:
     ``version=0.12.6``. ``{"version", "build_number", "commit"}``, only what is known."""
     if facts is None:
         return {}
-    if engine_name in ("vllm", "ollama", "sglang", "tgi"):
+    if engine_name in ("ollama", *PYTHON_ENGINES):
         # an Ollama log also carries the llama.cpp lines of its runner: that build is not Ollama's
         sub = getattr(facts, engine_name, None)
         version = sub.get("version") if isinstance(sub, dict) else None

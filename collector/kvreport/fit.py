@@ -20,8 +20,8 @@ import click
 
 from kvreport.errors import InputError
 from kvreport.kvcache import (
+    CACHE_TYPES,
     CTX_PAD,
-    MIB,
     KVConfig,
     ModelShape,
     is_known_type,
@@ -29,6 +29,7 @@ from kvreport.kvcache import (
     max_ctx_fit,
     normalize_type,
 )
+from kvreport.units import GIB, MIB
 
 #: Cache types always shown (the ones llama.cpp users switch between).
 SHOWN_TYPES = ("f16", "q8_0", "q4_0")
@@ -38,7 +39,7 @@ DEFAULT_HEADROOM_MIB = 1024.0
 
 def _fmt_bytes(n: float) -> str:
     """Bytes in the largest binary unit that keeps the number readable (KiB/MiB/GiB)."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
         if n >= size:
             v = n / size
             return f"{v:,.0f} {unit}" if v == int(v) else f"{v:,.2f} {unit}"
@@ -89,7 +90,7 @@ def fit_report(shape: ModelShape, ctx_size: int | None, free_mib: float, paralle
     for t in (tk, tv):
         if not is_known_type(t):
             raise InputError(f"unknown cache type {t!r}",
-                             hint="llama.cpp accepts f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl")
+                             hint="llama.cpp accepts " + ", ".join(CACHE_TYPES))
     if free_mib is None or free_mib < 0:
         raise InputError("free memory must be a number of MiB >= 0")
     headroom = float(headroom_mib or 0.0)

@@ -27,7 +27,8 @@ from dataclasses import replace
 from typing import Any
 
 from kvreport.errors import InputError
-from kvreport.kvcache import GIB, MAX_LAYERS, ModelShape, swa_layers
+from kvreport.kvcache import MAX_LAYERS, ModelShape, swa_layers
+from kvreport.units import GIB, MIB
 
 #: config.json model_type -> llama.cpp arch name (only where the rules differ by arch).
 MODEL_TYPE_ARCH = {
@@ -221,8 +222,8 @@ def vllm_available_kv_bytes(total_gpu_mib: float, gpu_memory_utilization: float 
     """vLLM's KV pool: ``ceil(total * gpu_memory_utilization)`` minus weights, peak activations,
     non-torch memory and the CUDA-graph estimate (``vllm/v1/worker/gpu_worker.py``). May be negative
     (vLLM then logs ``Available KV cache memory: -0.3 GiB``)."""
-    requested = math.ceil(total_gpu_mib * (1 << 20) * float(gpu_memory_utilization))
-    used = (weights_mib + activation_peak_mib + non_torch_mib + cudagraph_mib) * (1 << 20)
+    requested = math.ceil(total_gpu_mib * MIB * float(gpu_memory_utilization))
+    used = (weights_mib + activation_peak_mib + non_torch_mib + cudagraph_mib) * MIB
     return requested - used
 
 

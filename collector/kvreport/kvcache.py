@@ -27,24 +27,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-MIB = 1 << 20
-GIB = 1 << 30
-
-#: ``-ctk`` / ``-ctv`` names -> (block size in elements, bytes per block).
-#: Source: ``ggml/src/ggml-common.h`` block structs and ``ggml/src/ggml.c`` ``type_traits``
-#: (also ``gguf-py/gguf/constants.py`` ``GGML_QUANT_SIZES``); the allowed values are
-#: ``common/arg.cpp`` ``kv_cache_types``.
-CACHE_TYPES: dict[str, tuple[int, int]] = {
-    "f32": (1, 4),
-    "f16": (1, 2),
-    "bf16": (1, 2),
-    "q8_0": (32, 34),
-    "q4_0": (32, 18),
-    "q4_1": (32, 20),
-    "q5_0": (32, 22),
-    "q5_1": (32, 24),
-    "iq4_nl": (32, 18),
-}
+from kvreport.units import CACHE_TYPES, GIB, MIB  # noqa: F401 - one copy of the units, re-exported
 
 #: llama.cpp pads n_ctx (and n_ctx_seq) up to a multiple of this since b6975
 #: (``src/llama-context.cpp``, "for CUDA").
