@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import sys
 from collections.abc import Iterable
@@ -189,35 +188,6 @@ def _log_version(facts, engine_name: str | None) -> dict:
     return out
 
 
-def _log_devices(facts, probed: list[dict]) -> list[dict]:
-    """``bundle.devices`` entries (``"source": "log"``) for the accelerators the log names
-    (``LogFacts.devices``: llama.cpp ``Device 0: NVIDIA GeForce RTX 4090`` / ``using device CUDA0
-    (…) - 23000 MiB free`` / ``--list-devices`` lines, Ollama's inference compute, vLLM's torch
-    devices) that the probes did not find: none of the same name on this machine. CPU is left
-    out (``host`` covers it). Memory in MiB."""
-    if facts is None or not facts.devices:
-        return []
-    from kvreport.probes.llamacpp import backend_of
-
-    names = {str(d.get("name") or "").strip().lower() for d in probed}
-    out: list[dict] = []
-    for key, dev in facts.devices.items():
-        key = str(key)
-        backend = backend_of(key)
-        description = dev.get("description")
-        if backend == "cpu" or key.upper() == "CPU" or (backend == "unknown" and not description):
-            continue
-        name = str(description or key).strip()
-        if name.lower() in names:
-            continue
-        m = re.search(r"(\d+)$", key)
-        entry = {"backend": backend if backend != "unknown" else None, "index": int(m.group(1)) if m else None,
-                 "name": name, "device": key, "total_mib": dev.get("total_mib"), "free_mib": dev.get("free_mib"),
-                 "source": "log"}
-        out.append({k: v for k, v in entry.items() if v is not None})
-    return out
-
-
 def build_bundle(log_lines: Iterable[str] | None = None, command_line: str | list[str] | None = None,
                  model_path: str | None = None, probe_timeout: float = 3.0,
                  memory_before: list[dict] | None = None, log_source: str = "file", *,
@@ -266,8 +236,9 @@ def build_bundle(log_lines: Iterable[str] | None = None, command_line: str | lis
         if from_log:
             engine.update(from_log)
             engine["version_source"] = "log"
+    # devices[] holds what the probes measured, nothing else: the devices the log names (and their
+    # load-time free MiB) are facts of the log, which the analysis reads from the log itself
     devices = list(probe_result.get("devices") or [])
-    devices += _log_devices(log_facts, devices)
     bundle = {
         "schema": SCHEMA_ID,
         "id": new_bundle_id(),
