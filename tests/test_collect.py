@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from kvreport import collect, fsutil, probes
 from kvreport.bundle import validate_bundle
 from kvreport.cli import main
+from kvreport.commands import collect as collect_cmd
 from kvreport.errors import UploadError
 from tests.paths import CASE_DIR
 
@@ -221,12 +222,12 @@ def test_upload_confirmed_and_sent(tmp_path, monkeypatch):
     assert not sent and r.exit_code == 0  # CliRunner has no TTY: nothing is sent without --yes
     answers = []
     monkeypatch.setattr("click.confirm", lambda text, **kw: answers.append(text) or False)
-    assert collect.finish(bundle, output=str(out), upload=True, server="http://srv", token="tok",
-                          interactive=True) == 0
+    assert collect_cmd.finish(bundle, output=str(out), upload=True, server="http://srv", token="tok",
+                              interactive=True) == 0
     assert not sent and "redacted:" in answers[0] and "http://srv" in answers[0]
     monkeypatch.setattr("click.confirm", lambda text, **kw: True)
-    assert collect.finish(bundle, output=str(out), upload=True, server="http://srv", token="tok",
-                          interactive=True) == 0
+    assert collect_cmd.finish(bundle, output=str(out), upload=True, server="http://srv", token="tok",
+                              interactive=True) == 0
     assert sent == [(bundle["id"], "http://srv", "tok")]
 
 
@@ -238,6 +239,17 @@ def test_help_imports_no_server_requests_numpy():
             "print('BAD', bad, file=sys.stderr)\n")
     p = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, timeout=60)
     assert "BAD []" in p.stderr, p.stderr[-2000:]
+
+
+def test_the_domain_modules_import_no_click():
+    """Issue 11 item 7: click, prompts and terminal checks live in the command layer only."""
+    code = ("import sys, kvreport.analyze, kvreport.fit, kvreport.collect, kvreport.upload\n"
+            "assert 'click' not in sys.modules, sorted(m for m in sys.modules if m.startswith('click'))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    p = subprocess.run([sys.executable, "-X", "importtime", "-c", "import kvreport.analyze"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0 and "kvreport.analyze" in p.stderr and " click" not in p.stderr, p.stderr[-2000:]
 
 
 # --- a bundle (excerpt + redaction) diagnoses like its log ----------------------------------------
