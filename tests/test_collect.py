@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from kvreport import collect, fsutil, probes
 from kvreport.bundle import validate_bundle
 from kvreport.cli import main
+from kvreport.commands import collect as collect_cmd
 from kvreport.errors import UploadError
 from tests.paths import CASE_DIR
 
@@ -221,12 +222,12 @@ def test_upload_confirmed_and_sent(tmp_path, monkeypatch):
     assert not sent and r.exit_code == 0  # CliRunner has no TTY: nothing is sent without --yes
     answers = []
     monkeypatch.setattr("click.confirm", lambda text, **kw: answers.append(text) or False)
-    assert collect.finish(bundle, output=str(out), upload=True, server="http://srv", token="tok",
-                          interactive=True) == 0
+    assert collect_cmd.finish(bundle, output=str(out), upload=True, server="http://srv", token="tok",
+                              interactive=True) == 0
     assert not sent and "redacted:" in answers[0] and "http://srv" in answers[0]
     monkeypatch.setattr("click.confirm", lambda text, **kw: True)
-    assert collect.finish(bundle, output=str(out), upload=True, server="http://srv", token="tok",
-                          interactive=True) == 0
+    assert collect_cmd.finish(bundle, output=str(out), upload=True, server="http://srv", token="tok",
+                              interactive=True) == 0
     assert sent == [(bundle["id"], "http://srv", "tok")]
 
 
@@ -238,6 +239,17 @@ def test_help_imports_no_server_requests_numpy():
             "print('BAD', bad, file=sys.stderr)\n")
     p = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, timeout=60)
     assert "BAD []" in p.stderr, p.stderr[-2000:]
+
+
+def test_the_domain_modules_import_no_click():
+    """Issue 11 item 7: click, prompts and terminal checks live in the command layer only."""
+    code = ("import sys, kvreport.analyze, kvreport.fit, kvreport.collect, kvreport.upload\n"
+            "assert 'click' not in sys.modules, sorted(m for m in sys.modules if m.startswith('click'))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    p = subprocess.run([sys.executable, "-X", "importtime", "-c", "import kvreport.analyze"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0 and "kvreport.analyze" in p.stderr and " click" not in p.stderr, p.stderr[-2000:]
 
 
 # --- a bundle (excerpt + redaction) diagnoses like its log ----------------------------------------
@@ -333,12 +345,12 @@ _CUDA_LOG = [
 _NO_PROBES = {"host": {}, "devices": [], "probes": {}}
 
 
-def test_engine_version_and_devices_from_the_log():
+def test_engine_version_from_the_log_and_no_devices_copied_from_it():
+    """Issue 11 item 8: a bundle holds facts only; the devices the log names stay in the log."""
     bundle = collect.build_bundle(_CUDA_LOG, None, None, 1.0, probe_result=_NO_PROBES)
     assert bundle["engine"] == {"name": "llama.cpp", "version": "b6895", "build_number": 6895, "commit": "4341dc8bc",
                                 "version_source": "log"}
-    assert bundle["devices"] == [{"backend": "cuda", "index": 0, "name": "NVIDIA GeForce RTX 4090", "device": "CUDA0",
-                                  "free_mib": 23000.0, "source": "log"}]
+    assert bundle["devices"] == []
 
 
 def test_probed_version_and_devices_win_over_the_log():
@@ -350,17 +362,28 @@ def test_probed_version_and_devices_win_over_the_log():
     assert [d["source"] for d in bundle["devices"]] == ["nvml"]
 
 
-def test_log_devices_of_a_case_and_no_cpu_or_build_zero():
-    case = _case("pub-012-llamacpp-rocm-2x7900xtx-weights-on-gpu0-only")
-    bundle = collect.build_bundle((case / "log.txt").read_text().splitlines(), None, None, 1.0,
-                                  probe_result=_NO_PROBES)
-    assert [(d["device"], d["backend"], d["name"], d["source"]) for d in bundle["devices"]] == [
-        ("ROCm0", "rocm", "Radeon RX 7900 XTX", "log"), ("ROCm1", "rocm", "Radeon RX 7900 XTX", "log")]
+@pytest.mark.parametrize("name", ["pub-012-llamacpp-rocm-2x7900xtx-weights-on-gpu0-only",
+                                  "pub-109-vllm-3090-gate-utilization-097"])
+def test_a_case_log_leaves_no_log_device_in_the_bundle_and_diagnoses_alike(name):
+    """Issue 11 item 8: the devices a real log names (ROCm0/ROCm1; CUDA0 with vLLM's load-time free MiB) are
+    not copied into bundle.devices, and analyzing the bundle gives the findings of analyzing its log (no
+    "23,306 MiB free on CUDA0 at collection time" made from the engine's own start-up figure)."""
+    from kvreport.analyze import analyze, analyze_text
+    from kvreport.logs import parse_log
+
+    log = (_case(name) / "log.txt").read_text(errors="replace")
+    assert any(k.startswith(("CUDA", "ROCm")) for k in parse_log(log.splitlines()).devices)  # the log names them
+    bundle = collect.build_bundle(log.splitlines(), None, None, 1.0, probe_result=_NO_PROBES)
+    assert bundle["devices"] == [] and not any(d.get("source") == "log" for d in bundle["devices"])
+    assert analyze(bundle)["findings"] == analyze_text(log)["findings"]
+
+
+def test_build_zero_names_no_release():
     local = _case("loc-17-fail-huge-ctx-verbose")  # "build 0 (unknown)": no release to name
     bundle = collect.build_bundle((local / "log.txt").read_text().splitlines(), None, None, 1.0,
                                   probe_result=_NO_PROBES)
     assert "version" not in bundle["engine"] and "build_number" not in bundle["engine"]
-    assert all(d.get("backend") != "cpu" for d in bundle["devices"])
+    assert bundle["devices"] == []
 
 
 def test_log_facts_parsed_once(monkeypatch):

@@ -21,7 +21,8 @@ Shape (every key of a section is optional unless marked required)::
                    `ulimit -v`; absent = unlimited), data_limit_mib (RLIMIT_DATA, `ulimit -d`)}
     devices       [{backend, index, name, total_mib, free_mib, used_mib, driver_version,
                     cuda_driver_version, compute_capability, uuid, pci_bus_id, source,
-                    max_alloc_mib, processes: [{name, used_mib}]}]
+                    max_alloc_mib, processes: [{name, used_mib}]}]; only what the probes measured
+                    (the devices a log names are read from ``log`` by the analysis)
     probes        {probe name: "ok" | "absent" | "failed: <reason>"}
     engine        {name, version, build_number, commit, compiler, target, binary, binary_realpath,
                    version_output, list_devices_output, list_devices: [{name, description, total_mib, free_mib}]}

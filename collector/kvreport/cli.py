@@ -125,9 +125,9 @@ def _collect_options(f):
 @_collect_options
 def collect(**opts) -> None:
     """Gather a redacted bundle (machine, engine, command, log), print the diagnosis, write it."""
-    from kvreport import collect as collect_mod
+    from kvreport.commands import collect as collect_cmd
 
-    sys.exit(collect_mod.cli_collect(**opts))
+    sys.exit(collect_cmd.cli_collect(**opts))
 
 
 @main.command(context_settings={**CONTEXT_SETTINGS, "ignore_unknown_options": True,
@@ -178,9 +178,9 @@ def analyze(path: str, as_json: bool, command_line: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 def fit(**opts) -> None:
     """KV bytes per token, the KV of the requested context, and the largest context that fits."""
-    from kvreport import fit as fit_mod
+    from kvreport.commands import fit as fit_cmd
 
-    sys.exit(fit_mod.cli_fit(**opts))
+    sys.exit(fit_cmd.cli_fit(**opts))
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
@@ -190,9 +190,9 @@ def fit(**opts) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the server's answer as JSON.")
 def upload(path: str, server: str | None, token: str | None, as_json: bool) -> None:
     """Send a bundle to the team server; print its URL, its cluster and any known fix."""
-    from kvreport import upload as upload_mod
+    from kvreport.commands import upload as upload_cmd
 
-    sys.exit(upload_mod.cli_upload(path, server=server, token=token, as_json=as_json))
+    sys.exit(upload_cmd.cli_upload(path, server=server, token=token, as_json=as_json))
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)

@@ -30,6 +30,8 @@ import re
 import shlex
 from typing import Any
 
+from kvreport.units import GIB, MIB
+
 # ---------------------------------------------------------------------------------------------
 # llama.cpp grammar: "aliases | arity | env".  Arity: 0 bare flag, 1 one value, n one numeric
 # value, ? optional on/off/auto value, 2 two values.  Source: `llama-server --help` (see above).
@@ -683,7 +685,67 @@ def _size_bytes(text: str, default_unit: str = "b") -> float | None:
     if not m:
         return None
     unit = (m.group(2) or default_unit).lower()
-    return float(m.group(1)) * {"b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[unit]
+    return float(m.group(1)) * {"b": 1, "k": 1024, "m": MIB, "g": GIB, "t": 1024 * GIB}[unit]
+
+
+# wrappers that take `run` before the command (`conda run -n env CMD`, `uv run CMD`)
+_RUN_WRAPPERS = ("conda", "micromamba", "mamba", "uv", "poetry", "pipenv")
+# wrappers with one operand after their options, before the command: (wrapper, whether a word is it)
+_WRAPPER_OPERAND = {
+    "timeout": lambda word: True,  # the duration
+    "taskset": lambda word: True,  # the mask, or the list of -c/--cpu-list
+    "chrt": str.isdigit,  # the priority
+}
+
+
+def _prlimit_option(opt: str, found: _Found) -> None:
+    """prlimit --as=SOFT[:HARD] / --data=SOFT[:HARD] (bytes) -> the limits, in KiB."""
+    if not (opt.startswith("--as=") or opt.startswith("--data=")):
+        return
+    vals = [_size_bytes(v) for v in opt.split("=", 1)[1].split(":") if v.strip()]
+    vals = [v for v in vals if v is not None]
+    if vals:
+        key = "address_space_limit_kib" if opt.startswith("--as=") else "data_limit_kib"
+        _merge_limits(found.limits, {key: int(min(vals) // 1024)})
+
+
+def _skip_wrapper(seg: list[str], i: int, name: str, found: _Found) -> tuple[int, list[str] | None]:
+    """The index after wrapper ``name`` (at ``seg[i]``), its options and operand; or ``(i, argv)`` for
+    ``env -S 'CMD ARGS'``: the argv to look in instead."""
+    opts = _WRAPPER_VALUE_OPTS[name]
+    i += 1
+    if name in _RUN_WRAPPERS and i < len(seg) and seg[i] == "run":
+        i += 1
+    while i < len(seg) and seg[i].startswith("-") and seg[i] != "--":
+        opt = seg[i]
+        i += 1
+        if name == "prlimit":
+            _prlimit_option(opt, found)
+        if opt in opts and "=" not in opt and i < len(seg):
+            i += 1
+        if name == "env" and opt == "-S" and i < len(seg):
+            return i, _split(seg[i], False) + seg[i + 1:]
+    if i < len(seg) and seg[i] == "--":
+        i += 1
+    operand = _WRAPPER_OPERAND.get(name)
+    if operand is not None and i < len(seg) and operand(seg[i]):
+        i += 1
+    if name == "env":
+        i = _take_env_assignments(seg, i, found)
+    return i, None
+
+
+def _locate_in_shell(rest: list[str], found: _Found, depth: int) -> _Found | None:
+    """``bash -c 'CMD'`` (``cmd /c``, ``powershell -Command``): the engine inside the command string;
+    None for ``bash script.sh`` (kvreport does not read scripts)."""
+    for j, t in enumerate(rest):
+        if t in ("-c", "/c", "/C", "-Command", "-command") and j + 1 < len(rest) and depth < 4:
+            inner = _find_in_text(rest[j + 1], depth + 1)
+            if inner is not None:
+                inner.env = {**found.env, **inner.env}
+                inner.limits = _merge_limits(dict(found.limits), inner.limits)
+            return inner
+    return None
 
 
 def _locate(seg: list[str], depth: int = 0) -> _Found | None:
@@ -691,58 +753,17 @@ def _locate(seg: list[str], depth: int = 0) -> _Found | None:
     found = _Found()
     i = _take_env_assignments(seg, 0, found)
     while i < len(seg):
-        tok = seg[i]
-        name = _basename(tok).lower()
+        name = _basename(seg[i]).lower()
         if name in _WRAPPER_VALUE_OPTS:
-            opts = _WRAPPER_VALUE_OPTS[name]
-            seen: list[str] = []
-            i += 1
-            if name in ("conda", "micromamba", "mamba", "uv", "poetry", "pipenv") and i < len(seg) and seg[i] == "run":
-                i += 1
-            while i < len(seg) and seg[i].startswith("-") and seg[i] != "--":
-                opt = seg[i]
-                seen.append(opt)
-                i += 1
-                if name == "prlimit" and (opt.startswith("--as=") or opt.startswith("--data=")):
-                    # prlimit --as=SOFT[:HARD] in bytes
-                    vals = [_size_bytes(v) for v in opt.split("=", 1)[1].split(":") if v.strip()]
-                    vals = [v for v in vals if v is not None]
-                    if vals:
-                        key = "address_space_limit_kib" if opt.startswith("--as=") else "data_limit_kib"
-                        _merge_limits(found.limits, {key: int(min(vals) // 1024)})
-                if opt in opts and "=" not in opt and i < len(seg):
-                    i += 1
-                if name == "env" and opt == "-S" and i < len(seg):
-                    return _locate(_split(seg[i], False) + seg[i + 1:], depth + 1)
-            if i < len(seg) and seg[i] == "--":
-                i += 1
-            if name == "gdb" and i < len(seg) and seg[i - 1] == "--args":
-                pass
-            if name == "timeout" and i < len(seg):
-                i += 1  # the duration
-            if name == "taskset" and i < len(seg):
-                i += 1  # the mask, or the list of -c/--cpu-list
-            if name == "chrt" and i < len(seg) and seg[i].isdigit():
-                i += 1
-            if name == "env":
-                i = _take_env_assignments(seg, i, found)
+            i, argv = _skip_wrapper(seg, i, name, found)
+            if argv is not None:
+                return _locate(argv, depth + 1)
             continue
         if name in ("poetry", "pipenv", "pixi", "hatch", "rye") and i + 1 < len(seg) and seg[i + 1] == "run":
             i += 2
             continue
         if name in _SHELLS:
-            rest = seg[i + 1:]
-            for j, t in enumerate(rest):
-                if t in ("-c", "/c", "/C", "-Command", "-command") and j + 1 < len(rest) and depth < 4:
-                    inner = _find_in_text(rest[j + 1], depth + 1)
-                    if inner is not None:
-                        inner.env = {**found.env, **inner.env}
-                        inner.limits = _merge_limits(dict(found.limits), inner.limits)
-                        return inner
-                    return None
-            if rest and not rest[0].startswith("-") and depth < 4:  # bash script.sh
-                return None
-            return None
+            return _locate_in_shell(seg[i + 1:], found, depth)
         if name in ("docker", "podman", "nvidia-docker", "nerdctl"):
             return _locate_docker(seg, i, found)
         break
@@ -778,7 +799,7 @@ def _locate_docker(seg: list[str], i: int, found: _Found) -> _Found | None:
         if key in ("-m", "--memory"):  # docker run --memory 4g: the container's cgroup memory limit
             size = _size_bytes(val)
             if size:
-                _merge_limits(found.limits, {"container_memory_limit_mib": round(size / 2**20, 2)})
+                _merge_limits(found.limits, {"container_memory_limit_mib": round(size / MIB, 2)})
     if i >= len(seg):
         return None
     image = seg[i]
@@ -802,6 +823,49 @@ def _locate_docker(seg: list[str], i: int, found: _Found) -> _Found | None:
     return found
 
 
+def _classify_python(seg: list[str], i: int, found: _Found) -> _Found | None:
+    """``python [opts] -m MODULE args`` or ``python [opts] script.py args``."""
+    rest = seg[i + 1:]
+    j = 0
+    while j < len(rest) and rest[j].startswith("-") and rest[j] != "-m":
+        j += 2 if rest[j] in ("-X", "-W") else 1
+    if j < len(rest) and rest[j] == "-m" and j + 1 < len(rest):
+        module = rest[j + 1]
+        found.program = module
+        found.program_part = seg[i:i + j + 3]
+        found.args = rest[j + 2:]
+        found.engine, found.style = _module_engine(module)
+        return found
+    if j < len(rest):  # python script.py
+        found.program = _basename(rest[j])
+        found.program_part = seg[i:i + j + 2]
+        found.args = rest[j + 1:]
+        found.engine, found.style = _module_engine(found.program.removesuffix(".py"))
+        return found
+    return None
+
+
+# program name -> (engine, grammar style, whether a first bare word is a subcommand: `vllm serve`)
+_PROGRAM_ENGINE = {
+    "vllm": ("vllm", "py", True),
+    "sglang": ("sglang", "py", True),
+    "ollama": ("ollama", "ollama", True),
+    "text-generation-launcher": ("tgi", "py", False),
+    "text-generation-server": ("tgi", "py", False),
+}
+
+
+def _program_engine(low: str) -> tuple[str | None, str | None, bool]:
+    """(engine, grammar style, takes a subcommand) of a program name (lower case)."""
+    if low in _PROGRAM_ENGINE:
+        return _PROGRAM_ENGINE[low]
+    if low.startswith("koboldcpp"):
+        return "llama.cpp", "kobold", False
+    if _LLAMA_PROGRAMS.match(low) or low.startswith("llama-") or low.startswith("ik_llama"):
+        return "llama.cpp", "llama", False
+    return None, None, False
+
+
 def _classify(seg: list[str], i: int, found: _Found) -> _Found | None:
     tok = seg[i]
     name = _basename(tok)
@@ -810,44 +874,15 @@ def _classify(seg: list[str], i: int, found: _Found) -> _Found | None:
     if low in _NOISE:
         return None
     if _PYTHONS.match(low):
-        j = 0
-        while j < len(rest) and rest[j].startswith("-") and rest[j] != "-m":
-            j += 2 if rest[j] in ("-X", "-W") else 1
-        if j < len(rest) and rest[j] == "-m" and j + 1 < len(rest):
-            module = rest[j + 1]
-            found.program = module
-            found.program_part = seg[i:i + j + 3]
-            found.args = rest[j + 2:]
-            found.engine, found.style = _module_engine(module)
-            return found
-        if j < len(rest):  # python script.py
-            found.program = _basename(rest[j])
-            found.program_part = seg[i:i + j + 2]
-            found.args = rest[j + 1:]
-            found.engine, found.style = _module_engine(found.program.removesuffix(".py"))
-            return found
-        return None
+        return _classify_python(seg, i, found)
     found.program = name
     found.program_part = [tok]
     found.args = rest
-    if low == "vllm":
-        found.engine, found.style = "vllm", "py"
-        if rest and not rest[0].startswith("-"):
+    engine, style, subcommand = _program_engine(low)
+    if engine is not None:
+        found.engine, found.style = engine, style
+        if subcommand and rest and not rest[0].startswith("-"):
             found.program_part, found.args = [tok, rest[0]], rest[1:]
-    elif low == "sglang":
-        found.engine, found.style = "sglang", "py"
-        if rest and not rest[0].startswith("-"):
-            found.program_part, found.args = [tok, rest[0]], rest[1:]
-    elif low == "ollama":
-        found.engine, found.style = "ollama", "ollama"
-        if rest and not rest[0].startswith("-"):
-            found.program_part, found.args = [tok, rest[0]], rest[1:]
-    elif low.startswith("koboldcpp"):
-        found.engine, found.style = "llama.cpp", "kobold"
-    elif low in ("text-generation-launcher", "text-generation-server"):
-        found.engine, found.style = "tgi", "py"
-    elif _LLAMA_PROGRAMS.match(low) or low.startswith("llama-") or low.startswith("ik_llama"):
-        found.engine, found.style = "llama.cpp", "llama"
     elif tok.startswith("-"):  # only the flags were given: guess from them
         found.program = None
         found.program_part = []
@@ -978,6 +1013,64 @@ def _bool_value(opt: _Opt, alias: str) -> bool:
     return (not val) if opt.canonical in _INVERTED else val
 
 
+def _llama_unknown(name: str, eq: str, inline: str, args: list[str], i: int, flags: dict[str, Any]) -> int:
+    """An option kvreport does not know: ``--x=v``, ``--x v`` (a value or a negative number), else a bare flag."""
+    key = name.lstrip("-").replace("-", "_") or name
+    if eq:
+        flags[key] = inline
+    elif i < len(args) and (not args[i].startswith("-") or re.fullmatch(r"-\d+(\.\d+)?", args[i])):
+        flags[key] = args[i]
+        i += 1
+    else:
+        flags[key] = True
+    return i
+
+
+def _llama_arity0(opt, name: str, eq: str, inline: str, args: list[str], i: int, flags: dict[str, Any]) -> int:
+    """A switch: ``--mmap``, ``--no-mmap``, ``--flag=false``."""
+    if eq:
+        truth = inline.strip().lower() in _TRUE_WORDS
+        value = truth if name not in opt.negatives else not truth
+        flags[opt.canonical] = (not value) if opt.canonical in _INVERTED else value
+    else:
+        flags[opt.canonical] = _bool_value(opt, name)
+    return i
+
+
+def _llama_arity_opt(opt, name: str, eq: str, inline: str, args: list[str], i: int, flags: dict[str, Any]) -> int:
+    """An optional on/off value (``-fa``, ``-fa on``, ``-fa=auto``): "on" when none follows."""
+    if eq:
+        flags[opt.canonical] = _typed_llama(opt, inline)
+    elif i < len(args) and args[i].strip().lower() in _ON_OFF_WORDS:
+        flags[opt.canonical] = _typed_llama(opt, args[i])
+        i += 1
+    else:
+        flags[opt.canonical] = "on"
+    return i
+
+
+def _llama_arity2(opt, name: str, eq: str, inline: str, args: list[str], i: int, flags: dict[str, Any]) -> int:
+    """Two values (``--override-tensor-draft A B``); a truncated pair ends the arguments."""
+    if i + 1 < len(args):
+        flags[opt.canonical] = [args[i], args[i + 1]]
+        return i + 2
+    return len(args)
+
+
+def _llama_arity1(opt, name: str, eq: str, inline: str, args: list[str], i: int, flags: dict[str, Any]) -> int:
+    """One value, inline (``-c=4096``) or the next word."""
+    if eq:
+        flags[opt.canonical] = _typed_llama(opt, inline)
+    elif i < len(args):
+        flags[opt.canonical] = _typed_llama(opt, args[i])
+        i += 1
+    return i
+
+
+_LLAMA_ARITY = {"0": _llama_arity0, "?": _llama_arity_opt, "2": _llama_arity2}
+"""How an option of each arity reads its value (anything else: one value, :func:`_llama_arity1`)."""
+
+
 def _parse_llama(args: list[str], flags: dict[str, Any]) -> None:
     i = 0
     while i < len(args):
@@ -989,43 +1082,9 @@ def _parse_llama(args: list[str], flags: dict[str, Any]) -> None:
         name, eq, inline = tok.partition("=")
         opt = _LLAMA_BY_ALIAS.get(name)
         if opt is None:
-            key = name.lstrip("-").replace("-", "_") or name
-            if eq:
-                flags[key] = inline
-            elif i < len(args) and (not args[i].startswith("-") or re.fullmatch(r"-\d+(\.\d+)?", args[i])):
-                flags[key] = args[i]
-                i += 1
-            else:
-                flags[key] = True
-            continue
-        if opt.arity == "0":
-            if eq:
-                word = inline.strip().lower()
-                truth = word in _TRUE_WORDS
-                value = truth if name not in opt.negatives else not truth
-                flags[opt.canonical] = (not value) if opt.canonical in _INVERTED else value
-            else:
-                flags[opt.canonical] = _bool_value(opt, name)
-        elif opt.arity == "?":
-            if eq:
-                flags[opt.canonical] = _typed_llama(opt, inline)
-            elif i < len(args) and args[i].strip().lower() in _ON_OFF_WORDS:
-                flags[opt.canonical] = _typed_llama(opt, args[i])
-                i += 1
-            else:
-                flags[opt.canonical] = "on"
-        elif opt.arity == "2":
-            if i + 1 < len(args):
-                flags[opt.canonical] = [args[i], args[i + 1]]
-                i += 2
-            else:
-                i = len(args)
+            i = _llama_unknown(name, eq, inline, args, i, flags)
         else:
-            if eq:
-                flags[opt.canonical] = _typed_llama(opt, inline)
-            elif i < len(args):
-                flags[opt.canonical] = _typed_llama(opt, args[i])
-                i += 1
+            i = _LLAMA_ARITY.get(opt.arity, _llama_arity1)(opt, name, eq, inline, args, i, flags)
     if "_positional" in flags and not flags["_positional"]:
         del flags["_positional"]
 

@@ -1,19 +1,18 @@
-"""`kvreport collect`: build a redacted bundle from the probes, a log, a command line and a model
-file; print the redaction summary and the diagnosis; write the bundle atomically; upload it when
-asked (after the user saw the summary and confirmed).
+"""What `kvreport collect` does, as plain functions: build a redacted bundle from the probes, a log,
+a command line and a model file (:func:`build_bundle`), diagnose it, write it atomically. Printing,
+the upload prompt and click live in the command layer (:mod:`kvreport.commands.collect`).
 
 The bundle follows ``kvreport.bundle`` (schema ``kvreport/bundle@1``) and is validated with
 :func:`kvreport.bundle.validate_bundle` before anything is written or sent. Redaction
 (:mod:`kvreport.redact`) happens before validation, display, writing and upload: nothing
 unredacted leaves memory. ``kvreport run`` (``kvreport.runner``) builds its bundle with the same
-:func:`build_bundle` and finishes with the same :func:`finish`.
+:func:`build_bundle` and finishes with the same :func:`kvreport.commands.collect.finish`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import sys
 from collections.abc import Iterable
@@ -21,15 +20,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import click
-
 from kvreport import __version__
 from kvreport.bundle import SCHEMA_ID, BundleError, new_bundle_id, validate_bundle
-from kvreport.errors import InputError, KvreportError, UploadError
+from kvreport.errors import InputError, KvreportError
 from kvreport.excerpt import Excerpt
+from kvreport.vocab import BACKEND_DEVICE_PREFIX, PYTHON_ENGINES
 
-_DEVICE_PREFIX = {"cuda": "CUDA", "rocm": "ROCm", "vulkan": "Vulkan", "sycl": "SYCL", "metal": "MTL",
-                  "musa": "MUSA"}
+_DEVICE_PREFIX = BACKEND_DEVICE_PREFIX
 
 
 def device_name(device: dict) -> str:
@@ -108,7 +105,7 @@ def _engine_section(command: dict, probe_result: dict, log_engine: str | None) -
         engine = dict(probe_result["engine"])
     elif name == "ollama" and probe_result.get("ollama"):
         engine = dict(probe_result["ollama"])
-    elif name in ("vllm", "sglang", "tgi") and probe_result.get("python_engines"):
+    elif name in PYTHON_ENGINES and probe_result.get("python_engines"):
         py = probe_result["python_engines"]
         engine = {"version": py.get({"vllm": "vllm", "sglang": "sglang"}.get(name, "text-generation-server")),
                   "packages": py}
@@ -128,7 +125,7 @@ def engine_python(command: dict, program_path: str | None = None) -> str | None:
     to execute it; otherwise an absolute path typed in the command, or the name looked up on the
     PATH without ``.`` (a program in the current folder is never run).
     """
-    if command.get("engine") not in ("vllm", "sglang", "tgi"):
+    if command.get("engine") not in PYTHON_ENGINES:
         return None
     engine_argv = command.get("engine_argv") or []
     if not engine_argv:
@@ -172,7 +169,7 @@ def _log_version(facts, engine_name: str | None) -> dict:
     ``version=0.12.6``. ``{"version", "build_number", "commit"}``, only what is known."""
     if facts is None:
         return {}
-    if engine_name in ("vllm", "ollama", "sglang", "tgi"):
+    if engine_name in ("ollama", *PYTHON_ENGINES):
         # an Ollama log also carries the llama.cpp lines of its runner: that build is not Ollama's
         sub = getattr(facts, engine_name, None)
         version = sub.get("version") if isinstance(sub, dict) else None
@@ -186,35 +183,6 @@ def _log_version(facts, engine_name: str | None) -> dict:
         out["build_number"] = int(facts.build)
     if facts.commit:
         out["commit"] = str(facts.commit)
-    return out
-
-
-def _log_devices(facts, probed: list[dict]) -> list[dict]:
-    """``bundle.devices`` entries (``"source": "log"``) for the accelerators the log names
-    (``LogFacts.devices``: llama.cpp ``Device 0: NVIDIA GeForce RTX 4090`` / ``using device CUDA0
-    (…) - 23000 MiB free`` / ``--list-devices`` lines, Ollama's inference compute, vLLM's torch
-    devices) that the probes did not find: none of the same name on this machine. CPU is left
-    out (``host`` covers it). Memory in MiB."""
-    if facts is None or not facts.devices:
-        return []
-    from kvreport.probes.llamacpp import backend_of
-
-    names = {str(d.get("name") or "").strip().lower() for d in probed}
-    out: list[dict] = []
-    for key, dev in facts.devices.items():
-        key = str(key)
-        backend = backend_of(key)
-        description = dev.get("description")
-        if backend == "cpu" or key.upper() == "CPU" or (backend == "unknown" and not description):
-            continue
-        name = str(description or key).strip()
-        if name.lower() in names:
-            continue
-        m = re.search(r"(\d+)$", key)
-        entry = {"backend": backend if backend != "unknown" else None, "index": int(m.group(1)) if m else None,
-                 "name": name, "device": key, "total_mib": dev.get("total_mib"), "free_mib": dev.get("free_mib"),
-                 "source": "log"}
-        out.append({k: v for k, v in entry.items() if v is not None})
     return out
 
 
@@ -266,8 +234,9 @@ def build_bundle(log_lines: Iterable[str] | None = None, command_line: str | lis
         if from_log:
             engine.update(from_log)
             engine["version_source"] = "log"
+    # devices[] holds what the probes measured, nothing else: the devices the log names (and their
+    # load-time free MiB) are facts of the log, which the analysis reads from the log itself
     devices = list(probe_result.get("devices") or [])
-    devices += _log_devices(log_facts, devices)
     bundle = {
         "schema": SCHEMA_ID,
         "id": new_bundle_id(),
@@ -327,7 +296,9 @@ def redaction_summary(bundle: dict) -> str:
     return "redacted: " + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
 
 
-def _diagnose(bundle: dict) -> tuple[dict | None, str | None]:
+def diagnose_bundle(bundle: dict) -> tuple[dict | None, str | None]:
+    """``(diagnosis, None)``, or ``(None, why)`` when the analysis is unavailable or failed (the bundle
+    is still worth writing)."""
     try:
         from kvreport.analyze import analyze
     except ImportError as exc:
@@ -338,7 +309,8 @@ def _diagnose(bundle: dict) -> tuple[dict | None, str | None]:
         return None, f"diagnosis failed: {type(exc).__name__}: {exc}"
 
 
-def _render(diagnosis: dict, bundle: dict) -> str:
+def render_diagnosis(diagnosis: dict, bundle: dict) -> str:
+    """The terminal summary of ``diagnosis`` (:func:`kvreport.render.render_text`), never raising."""
     try:
         from kvreport.render import render_text
 
@@ -347,27 +319,12 @@ def _render(diagnosis: dict, bundle: dict) -> str:
         return f"(cannot render the diagnosis: {exc}; use --json)"
 
 
-def finish(bundle: dict, *, output: str | None = None, upload: bool = False, server: str | None = None,
-           token: str | None = None, show: bool = False, yes: bool = False, as_json: bool = False,
-           interactive: bool | None = None) -> int:
-    """Print the summary and diagnosis, write ``bundle`` atomically, upload it if asked.
+def write_bundle(bundle: dict, output: str | None = None) -> Path:
+    """Validate ``bundle`` and write it atomically to ``output`` (default ``./kvreport-<id>.json``); the path.
 
-    Human lines go to stderr when ``as_json`` (stdout then holds only the diagnosis JSON).
-    Returns 0, or the :class:`UploadError` exit status when an upload failed (the file stays).
-    """
+    Raises :class:`InputError` when the file cannot be written."""
     from kvreport.fsutil import write_json_atomic
 
-    err = as_json
-    diagnosis, problem = _diagnose(bundle)
-    if show:
-        click.echo(json.dumps(bundle, indent=1, ensure_ascii=False), err=err)
-    if as_json:
-        click.echo(json.dumps(diagnosis if diagnosis is not None else {"error": problem}, indent=1,
-                              ensure_ascii=False))
-    elif diagnosis is not None:
-        click.echo(_render(diagnosis, bundle))
-    if problem:
-        click.echo(f"kvreport: {problem}", err=True)
     path = Path(output) if output else Path.cwd() / f"kvreport-{bundle['id']}.json"
     try:
         validate_bundle(bundle)
@@ -376,46 +333,4 @@ def finish(bundle: dict, *, output: str | None = None, upload: bool = False, ser
         raise KvreportError(f"internal error: the bundle is not valid: {exc}") from None
     except OSError as exc:
         raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
-    click.echo(redaction_summary(bundle), err=True)
-    click.echo(f"wrote {path}", err=True)
-    if not upload:
-        return 0
-    interactive = (sys.stdin.isatty() and sys.stderr.isatty()) if interactive is None else interactive
-    if not yes:
-        if not interactive:
-            click.echo(f"not uploading: no terminal to confirm on; check the bundle, then run "
-                       f"`kvreport upload {path}` (or pass --yes)", err=True)
-            return 0
-        if not click.confirm(f"Upload this bundle ({redaction_summary(bundle)}) to "
-                             f"{server or 'the configured server'}?", default=False, err=True):
-            click.echo(f"not uploaded; later: kvreport upload {path}", err=True)
-            return 0
-    try:
-        from kvreport.upload import describe_answer, upload_bundle
-
-        answer = upload_bundle(bundle, server, token)
-    except UploadError as exc:
-        click.echo(f"kvreport: error: upload failed: {exc}; the bundle is kept at {path}; "
-                   f"retry with: kvreport upload {path}", err=True)
-        return exc.exit_code
-    try:
-        from kvreport.config import remember_upload
-
-        if answer.get("url"):
-            remember_upload(bundle["id"], answer["url"])
-    except Exception:  # noqa: BLE001
-        pass
-    click.echo(describe_answer(answer), err=err)
-    return 0
-
-
-def cli_collect(log_path: str | None = None, command_line: str | None = None, model_path: str | None = None,
-                output: str | None = None, upload: bool = False, server: str | None = None,
-                token: str | None = None, show: bool = False, yes: bool = False, as_json: bool = False,
-                probe_timeout: float = 3.0, **_ignored) -> int:
-    """`kvreport collect`: returns the exit status (0; 2 for an unreadable --log or a failed upload)."""
-    excerpt = read_log(log_path) if log_path else None
-    source = "stdin" if log_path == "-" else ("file" if log_path else "none")
-    bundle = build_bundle(None, command_line, model_path, probe_timeout, excerpt=excerpt, log_source=source)
-    return finish(bundle, output=output, upload=upload, server=server, token=token, show=show, yes=yes,
-                  as_json=as_json)
+    return path

@@ -1,4 +1,4 @@
-"""`kvreport fit`: KV bytes per token, the KV of the requested context, the largest context that fits.
+"""What `kvreport fit` computes (the command is :mod:`kvreport.commands.fit`): KV bytes per token, the KV of the requested context, the largest context that fits.
 
 All arithmetic is ``kvreport.kvcache`` (llama.cpp's rules); this module chooses the inputs, the
 memory budget, and says the result plainly. Units: tokens for contexts, MiB = 2^20 bytes.
@@ -12,16 +12,13 @@ buffers are never counted: the answer is an upper bound set by the KV cache alon
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
-import click
-
 from kvreport.errors import InputError
 from kvreport.kvcache import (
+    CACHE_TYPES,
     CTX_PAD,
-    MIB,
     KVConfig,
     ModelShape,
     is_known_type,
@@ -29,6 +26,7 @@ from kvreport.kvcache import (
     max_ctx_fit,
     normalize_type,
 )
+from kvreport.units import GIB, MIB
 
 #: Cache types always shown (the ones llama.cpp users switch between).
 SHOWN_TYPES = ("f16", "q8_0", "q4_0")
@@ -38,7 +36,7 @@ DEFAULT_HEADROOM_MIB = 1024.0
 
 def _fmt_bytes(n: float) -> str:
     """Bytes in the largest binary unit that keeps the number readable (KiB/MiB/GiB)."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
         if n >= size:
             v = n / size
             return f"{v:,.0f} {unit}" if v == int(v) else f"{v:,.2f} {unit}"
@@ -89,7 +87,7 @@ def fit_report(shape: ModelShape, ctx_size: int | None, free_mib: float, paralle
     for t in (tk, tv):
         if not is_known_type(t):
             raise InputError(f"unknown cache type {t!r}",
-                             hint="llama.cpp accepts f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl")
+                             hint="llama.cpp accepts " + ", ".join(CACHE_TYPES))
     if free_mib is None or free_mib < 0:
         raise InputError("free memory must be a number of MiB >= 0")
     headroom = float(headroom_mib or 0.0)
@@ -302,21 +300,28 @@ def local_free_mib(timeout: float = 3.0) -> tuple[float, str]:
     return float(free), "host RAM (no GPU found)"
 
 
-def cli_fit(model_path=None, log_path=None, hf_config=None, ctx_size=None, free_mib=None, parallel=None,
-            kv_unified=None, cache_type_k=None, cache_type_v=None, swa_full=False, headroom_mib=None,
-            as_json=False, **_ignored) -> int:
-    """`kvreport fit`: print the fit report (text or ``--json``); exit 0."""
+def _apply_log_context(log_ctx: dict, ctx_size, parallel, kv_unified, cache_type_k, cache_type_v) -> tuple:
+    """A log supplies the context it ran with, unless the options say otherwise."""
+    if ctx_size is None and str(log_ctx.get("n_ctx", "")).isdigit():
+        ctx_size = int(log_ctx["n_ctx"])
+    if parallel is None and str(log_ctx.get("n_seq_max", "")).isdigit():
+        parallel = int(log_ctx["n_seq_max"])
+    if kv_unified is None and log_ctx.get("kv_unified") in ("true", "false", True, False):
+        kv_unified = log_ctx["kv_unified"] in ("true", True)
+    return (ctx_size, parallel, kv_unified, cache_type_k or log_ctx.get("type_k"),
+            cache_type_v or log_ctx.get("type_v"))
+
+
+def fit_from_options(model_path=None, log_path=None, hf_config=None, ctx_size=None, free_mib=None, parallel=None,
+                     kv_unified=None, cache_type_k=None, cache_type_v=None, swa_full=False,
+                     headroom_mib=None) -> tuple[dict, ModelShape]:
+    """``(fit_report, shape)`` for the options of ``kvreport fit``: the shape from a GGUF, a log or a
+    Hugging Face config; the context a log ran with unless given; without ``free_mib`` the local
+    devices' free memory less :data:`DEFAULT_HEADROOM_MIB`."""
     shape, log_ctx = _shape_from_options(model_path, log_path, hf_config)
-    # A log supplies the context it ran with, unless the options say otherwise.
     if log_ctx:
-        if ctx_size is None and str(log_ctx.get("n_ctx", "")).isdigit():
-            ctx_size = int(log_ctx["n_ctx"])
-        if parallel is None and str(log_ctx.get("n_seq_max", "")).isdigit():
-            parallel = int(log_ctx["n_seq_max"])
-        if kv_unified is None and log_ctx.get("kv_unified") in ("true", "false", True, False):
-            kv_unified = log_ctx["kv_unified"] in ("true", True)
-        cache_type_k = cache_type_k or log_ctx.get("type_k")
-        cache_type_v = cache_type_v or log_ctx.get("type_v")
+        ctx_size, parallel, kv_unified, cache_type_k, cache_type_v = _apply_log_context(
+            log_ctx, ctx_size, parallel, kv_unified, cache_type_k, cache_type_v)
     if free_mib is None:
         free, source = local_free_mib()
         headroom = DEFAULT_HEADROOM_MIB if headroom_mib is None else headroom_mib
@@ -328,8 +333,4 @@ def cli_fit(model_path=None, log_path=None, hf_config=None, ctx_size=None, free_
         reason = None if headroom_mib is None else "--headroom-mib"
     rep = fit_report(shape, ctx_size, free, parallel, kv_unified, cache_type_k, cache_type_v, swa_full,
                      headroom, free_source=source, headroom_reason=reason)
-    if as_json:
-        click.echo(json.dumps(rep, indent=2, sort_keys=False))
-    else:
-        click.echo(render_fit(rep, shape))
-    return 0
+    return rep, shape

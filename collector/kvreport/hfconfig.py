@@ -27,7 +27,8 @@ from dataclasses import replace
 from typing import Any
 
 from kvreport.errors import InputError
-from kvreport.kvcache import GIB, MAX_LAYERS, ModelShape, swa_layers
+from kvreport.kvcache import MAX_LAYERS, ModelShape, swa_layers
+from kvreport.units import GIB, MIB
 
 #: config.json model_type -> llama.cpp arch name (only where the rules differ by arch).
 MODEL_TYPE_ARCH = {
@@ -81,6 +82,56 @@ def _pos_int(cfg: Mapping, *keys, default=None) -> int | None:
     return default
 
 
+def _hf_layer_kinds(c: Mapping[str, Any], arch: str, n_layer: int, notes: list[str]) -> tuple[list, list, int]:
+    """(per-layer recurrent flags, per-layer sliding-window flags, window size) from ``layer_types``,
+    Qwen3-Next's ``full_attention_interval`` or the sliding-window fields."""
+    layer_types = c.get("layer_types") if isinstance(c.get("layer_types"), list) else None
+    is_rec = [False] * n_layer
+    is_swa = [False] * n_layer
+    if layer_types and len(layer_types) >= n_layer:
+        for il, t in enumerate(layer_types[:n_layer]):
+            t = str(t).lower()
+            is_rec[il] = any(w in t for w in ("linear", "mamba", "conv", "recurrent", "ssm"))
+            is_swa[il] = "sliding" in t or "local" in t or "chunk" in t
+    elif arch == "qwen3next":
+        k = _pos_int(c, "full_attention_interval", default=4)
+        is_rec = [(il + 1) % k != 0 for il in range(n_layer)]
+    n_swa = _pos_int(c, "sliding_window", "attention_chunk_size", default=0) or 0
+    if c.get("use_sliding_window") is False:
+        n_swa = 0
+        is_swa = [False] * n_layer
+    elif n_swa and not any(is_swa) and not layer_types:
+        period = _pos_int(c, "sliding_window_pattern")
+        if period is None:
+            period = {"gemma2": 2, "gemma3": 6, "gpt-oss": 2, "cohere2": 4, "llama4": 4}.get(arch)
+        if period:
+            is_swa = list(swa_layers(n_layer, period))
+        else:
+            notes.append(f"sliding_window {n_swa} given but not which layers use it: all counted as full")
+    return is_rec, is_swa, (n_swa if any(is_swa) else 0)
+
+
+def _hf_state_widths(c: Mapping[str, Any], arch: str, hidden: int, notes: list[str]) -> tuple[int, int]:
+    """(conv state, SSM state) values per sequence of a recurrent layer, as llama.cpp's converter maps them."""
+    if arch == "qwen3next" or "linear_conv_kernel_dim" in c:
+        d_conv = _pos_int(c, "linear_conv_kernel_dim", default=4)
+        d_state = _pos_int(c, "linear_key_head_dim", default=128)
+        n_group = _pos_int(c, "linear_num_key_heads", default=16)
+        d_inner = (_pos_int(c, "linear_value_head_dim", default=128)
+                   * _pos_int(c, "linear_num_value_heads", default=32))
+        return (d_conv - 1) * (d_inner + 2 * n_group * d_state), d_state * d_inner
+    if "mamba_d_state" in c or "ssm_state_size" in c or "state_size" in c:
+        d_state = _pos_int(c, "mamba_d_state", "ssm_state_size", "state_size", default=16)
+        d_conv = _pos_int(c, "mamba_d_conv", "conv_kernel", default=4)
+        expand = _pos_int(c, "mamba_expand", "expand", default=2)
+        d_inner = _pos_int(c, "mamba_d_inner", "intermediate_size", default=expand * hidden) \
+            if "mamba_d_inner" in c else expand * hidden
+        n_group = _pos_int(c, "mamba_n_groups", "n_groups", default=1)
+        return (d_conv - 1) * (d_inner + 2 * n_group * d_state), d_state * d_inner
+    notes.append("recurrent layers with unknown state sizes: state not counted")
+    return 0, 0
+
+
 def shape_from_hf_config(cfg: Mapping[str, Any]) -> ModelShape:
     """A ``ModelShape`` (source "hf_config") from a Hugging Face ``config.json`` dict.
 
@@ -122,53 +173,11 @@ def shape_from_hf_config(cfg: Mapping[str, Any]) -> ModelShape:
             n_embd_head_k_mla=(_pos_int(c, "qk_nope_head_dim", default=0) or 0) + rope,
             n_embd_head_v_mla=head_dim_v, n_ctx_train=n_ctx_train, n_embd=hidden, source="hf_config")
 
-    layer_types = c.get("layer_types") if isinstance(c.get("layer_types"), list) else None
-    is_rec = [False] * n_layer
-    is_swa = [False] * n_layer
-    if layer_types and len(layer_types) >= n_layer:
-        for il, t in enumerate(layer_types[:n_layer]):
-            t = str(t).lower()
-            is_rec[il] = any(w in t for w in ("linear", "mamba", "conv", "recurrent", "ssm"))
-            is_swa[il] = "sliding" in t or "local" in t or "chunk" in t
-    elif arch == "qwen3next":
-        k = _pos_int(c, "full_attention_interval", default=4)
-        is_rec = [(il + 1) % k != 0 for il in range(n_layer)]
-    n_swa = _pos_int(c, "sliding_window", "attention_chunk_size", default=0) or 0
-    if c.get("use_sliding_window") is False:
-        n_swa = 0
-        is_swa = [False] * n_layer
-    elif n_swa and not any(is_swa) and not layer_types:
-        period = _pos_int(c, "sliding_window_pattern")
-        if period is None:
-            period = {"gemma2": 2, "gemma3": 6, "gpt-oss": 2, "cohere2": 4, "llama4": 4}.get(arch)
-        if period:
-            is_swa = list(swa_layers(n_layer, period))
-        else:
-            notes.append(f"sliding_window {n_swa} given but not which layers use it: all counted as full")
-    if not any(is_swa):
-        n_swa = 0
-
+    is_rec, is_swa, n_swa = _hf_layer_kinds(c, arch, n_layer, notes)
     n_embd_r = [0] * n_layer
     n_embd_s = [0] * n_layer
     if any(is_rec):
-        r = s = 0
-        if arch == "qwen3next" or "linear_conv_kernel_dim" in c:
-            d_conv = _pos_int(c, "linear_conv_kernel_dim", default=4)
-            d_state = _pos_int(c, "linear_key_head_dim", default=128)
-            n_group = _pos_int(c, "linear_num_key_heads", default=16)
-            d_inner = (_pos_int(c, "linear_value_head_dim", default=128)
-                       * _pos_int(c, "linear_num_value_heads", default=32))
-            r, s = (d_conv - 1) * (d_inner + 2 * n_group * d_state), d_state * d_inner
-        elif "mamba_d_state" in c or "ssm_state_size" in c or "state_size" in c:
-            d_state = _pos_int(c, "mamba_d_state", "ssm_state_size", "state_size", default=16)
-            d_conv = _pos_int(c, "mamba_d_conv", "conv_kernel", default=4)
-            expand = _pos_int(c, "mamba_expand", "expand", default=2)
-            d_inner = _pos_int(c, "mamba_d_inner", "intermediate_size", default=expand * hidden) \
-                if "mamba_d_inner" in c else expand * hidden
-            n_group = _pos_int(c, "mamba_n_groups", "n_groups", default=1)
-            r, s = (d_conv - 1) * (d_inner + 2 * n_group * d_state), d_state * d_inner
-        else:
-            notes.append("recurrent layers with unknown state sizes: state not counted")
+        r, s = _hf_state_widths(c, arch, hidden, notes)
         n_embd_r = [r if x else 0 for x in is_rec]
         n_embd_s = [s if x else 0 for x in is_rec]
     return ModelShape(
@@ -221,8 +230,8 @@ def vllm_available_kv_bytes(total_gpu_mib: float, gpu_memory_utilization: float 
     """vLLM's KV pool: ``ceil(total * gpu_memory_utilization)`` minus weights, peak activations,
     non-torch memory and the CUDA-graph estimate (``vllm/v1/worker/gpu_worker.py``). May be negative
     (vLLM then logs ``Available KV cache memory: -0.3 GiB``)."""
-    requested = math.ceil(total_gpu_mib * (1 << 20) * float(gpu_memory_utilization))
-    used = (weights_mib + activation_peak_mib + non_torch_mib + cudagraph_mib) * (1 << 20)
+    requested = math.ceil(total_gpu_mib * MIB * float(gpu_memory_utilization))
+    used = (weights_mib + activation_peak_mib + non_torch_mib + cudagraph_mib) * MIB
     return requested - used
 
 

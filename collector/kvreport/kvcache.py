@@ -27,24 +27,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-MIB = 1 << 20
-GIB = 1 << 30
-
-#: ``-ctk`` / ``-ctv`` names -> (block size in elements, bytes per block).
-#: Source: ``ggml/src/ggml-common.h`` block structs and ``ggml/src/ggml.c`` ``type_traits``
-#: (also ``gguf-py/gguf/constants.py`` ``GGML_QUANT_SIZES``); the allowed values are
-#: ``common/arg.cpp`` ``kv_cache_types``.
-CACHE_TYPES: dict[str, tuple[int, int]] = {
-    "f32": (1, 4),
-    "f16": (1, 2),
-    "bf16": (1, 2),
-    "q8_0": (32, 34),
-    "q4_0": (32, 18),
-    "q4_1": (32, 20),
-    "q5_0": (32, 22),
-    "q5_1": (32, 24),
-    "iq4_nl": (32, 18),
-}
+from kvreport.units import CACHE_TYPES, GIB, MIB  # noqa: F401 - one copy of the units, re-exported
 
 #: llama.cpp pads n_ctx (and n_ctx_seq) up to a multiple of this since b6975
 #: (``src/llama-context.cpp``, "for CUDA").
@@ -749,6 +732,142 @@ def _kv_lookup(gguf_kv: Mapping[str, str] | None, arch: str, suffix: str):
     return gguf_kv.get(f"{arch}.{suffix}")
 
 
+def _layer_counts(hp: Mapping[str, str], gguf_kv: Mapping[str, str] | None, arch: str) -> tuple[int, int] | None:
+    """(main layers, all layers incl. NextN/MTP ones) from ``n_layer`` / ``n_layer_all`` or the GGUF block count."""
+    n_main = _int(hp.get("n_layer"))
+    n_all = _int(hp.get("n_layer_all"), n_main)
+    if n_main is None and n_all is None and arch:
+        n_all = _int(_kv_lookup(gguf_kv, arch, "block_count"))
+        n_main = n_all
+    if not n_all or n_all <= 0 or n_all > MAX_LAYERS:
+        return None
+    return (n_main if n_main and n_main <= n_all else n_all), n_all
+
+
+def _head_sizes(hp: Mapping[str, str], n_embd: int, n_head, notes: list[str]) -> tuple[int, int, int, int] | None:
+    """(head size K, V, K of SWA layers, V of SWA layers); n_embd / n_head when the K size is not printed."""
+    hk = _int(hp.get("n_embd_head_k"))
+    hv = _int(hp.get("n_embd_head_v"))
+    n_head0 = max(n_head or (0,)) if n_head else 0
+    if hk is None and n_embd and n_head0:
+        hk = n_embd // n_head0
+        notes.append("n_embd_head_k not printed: n_embd / n_head assumed")
+    if hv is None:
+        hv = hk
+    if hk is None:
+        return None
+    return hk, hv, _int(hp.get("n_embd_head_k_swa"), hk), _int(hp.get("n_embd_head_v_swa"), hv)
+
+
+def _rec_interval(arch, hp, gguf_kv, n_all, n_main, n_head_kv, notes) -> list[bool]:
+    rec_arr = parse_num_list(_kv_lookup(gguf_kv, arch, "attention.recurrent_layers"))
+    if rec_arr and len(rec_arr) >= n_main:
+        return [il < n_main and bool(rec_arr[il]) for il in range(n_all)]
+    k = _int(_kv_lookup(gguf_kv, arch, "full_attention_interval"), 4) or 4
+    return [il < n_main and (il + 1) % k != 0 for il in range(n_all)]
+
+
+def _rec_nemotron(arch, hp, gguf_kv, n_all, n_main, n_head_kv, notes) -> list[bool]:
+    n_ff = _per_layer(hp.get("n_ff"), n_all, n_main, 0, notes, "n_ff") or (0,) * n_all
+    return [il < n_main and n_head_kv[il] == 0 and n_ff[il] == 0 for il in range(n_all)]
+
+
+# architecture family -> which layers are recurrent (``src/llama-model.cpp``), and whether those layers
+# keep an attention cache too (Falcon-H1)
+_RECURRENT_RULES = (
+    (RECURRENT_ARCHS, lambda arch, hp, kv, n_all, n_main, hkv, notes: [il < n_main for il in range(n_all)], False),
+    (HYBRID_HEADKV0_ARCHS,
+     lambda arch, hp, kv, n_all, n_main, hkv, notes: [il < n_main and hkv[il] == 0 for il in range(n_all)], False),
+    (HYBRID_INTERVAL_ARCHS, _rec_interval, False),
+    (HYBRID_BOTH_ARCHS, lambda arch, hp, kv, n_all, n_main, hkv, notes: [il < n_main for il in range(n_all)], True),
+    (HYBRID_NEMOTRON_ARCHS, _rec_nemotron, False),
+)
+
+
+def _recurrent_layers(arch, hp, gguf_kv, n_all, n_main, n_head_kv, notes) -> tuple[list[bool], bool]:
+    """(per-layer recurrent flag, whether recurrent layers also keep an attention cache)."""
+    for archs, rule, both in _RECURRENT_RULES:
+        if arch in archs:
+            return rule(arch, hp, gguf_kv, n_all, n_main, n_head_kv, notes), both
+    return [False] * n_all, False
+
+
+def _swa_window(arch: str, hp: Mapping[str, str], gguf_kv) -> tuple[int, bool]:
+    """(window size, whether the model has sliding-window layers at all)."""
+    n_swa = _int(hp.get("n_swa"), 0) or 0
+    if not n_swa:
+        n_swa = _int(_kv_lookup(gguf_kv, arch, "attention.sliding_window"), 0) or 0
+    swa_any = _int(hp.get("is_swa_any"))
+    if arch == "phi3":
+        swa_any, n_swa = 0, 0  # llama-model.cpp: "Phi SWA is currently disabled"
+    has_pattern = _kv_lookup(gguf_kv, arch, "attention.sliding_window_pattern") is not None
+    wants_swa = bool(swa_any) if swa_any is not None else (
+        n_swa > 0 and (arch in SWA_DEFAULT_PERIOD or has_pattern))
+    if wants_swa and not n_swa:
+        n_swa = SWA_DEFAULT_WINDOW.get(arch, 0)
+    return n_swa, wants_swa
+
+
+def _swa_pattern(arch: str, hp: Mapping[str, str], gguf_kv, n_all: int, is_rec: list[bool]) -> tuple[list[bool], int | None]:
+    """(per-layer SWA flags from a per-layer array or the LFM2 rule, else the period of the pattern or None)."""
+    is_swa = [False] * n_all
+    raw_pattern = _kv_lookup(gguf_kv, arch, "attention.sliding_window_pattern")
+    pattern = parse_num_list(raw_pattern)
+    period = int(pattern[0]) if pattern and len(pattern) == 1 and not isinstance(raw_pattern, list) else None
+    if pattern and (len(pattern) > 1 or isinstance(raw_pattern, list)):
+        # per-layer bool array (gemma4, mimo2, step35, ...), tiled when shorter than n_layer
+        is_swa = [bool(pattern[il % len(pattern)]) for il in range(n_all)]
+    if period is None and not any(is_swa):
+        period = _int(hp.get("n_swa_pattern"))
+    if any(is_swa):
+        pass
+    elif period is None and arch in ("lfm2", "lfm2moe"):
+        is_swa = [not r for r in is_rec]
+    elif period is None and arch in SWA_DEFAULT_PERIOD:
+        period = SWA_DEFAULT_PERIOD[arch]
+    return is_swa, period
+
+
+def _swa_layers(arch, hp, gguf_kv, n_all, n_main, n_head_kv, is_rec, hk, hk_swa, notes) -> tuple[list[bool], int]:
+    """(per-layer sliding-window flags, window size)."""
+    n_swa, wants_swa = _swa_window(arch, hp, gguf_kv)
+    if not wants_swa:
+        return [False] * n_all, n_swa
+    is_swa, period = _swa_pattern(arch, hp, gguf_kv, n_all, is_rec)
+    if period is not None:
+        is_swa = list(swa_layers(n_all, period, dense_first=arch in SWA_DENSE_FIRST))
+        if arch == "smallthinker":
+            n_swa = 4096  # llama-model.cpp overrides the GGUF window for this arch
+    elif not any(is_swa):
+        # Unknown pattern: use differing head sizes if the log shows them, else count all
+        # layers as full attention (an upper bound).
+        kg = _per_layer(hp.get("n_embd_k_gqa"), n_all, n_main, None, notes, "n_embd_k_gqa")
+        if kg and hk_swa != hk:
+            is_swa = [n_head_kv[il] > 0 and kg[il] == hk_swa * n_head_kv[il] for il in range(n_all)]
+        if not any(is_swa):
+            notes.append(f"{arch}: sliding-window layers unknown; all layers counted as full attention")
+    return is_swa, n_swa
+
+
+def _kv_layers(arch, gguf_kv, n_all, n_main, n_head_kv, is_rec, both, notes) -> tuple[bool, ...]:
+    """Which layers own a KV cache: attention layers of the main model, less those that reuse another's."""
+    has_kv = tuple(il < n_main and n_head_kv[il] > 0 and (both or not is_rec[il]) for il in range(n_all))
+    # Layers that reuse another layer's cache own none (llama-model.cpp n_layer_kv_from_start):
+    # Gemma 3n keeps the first 20, Gemma 4 all but {arch}.attention.shared_kv_layers.
+    kv_from_start = None
+    if arch == "gemma3n":
+        kv_from_start = 20
+    shared = _int(_kv_lookup(gguf_kv, arch, "attention.shared_kv_layers"))
+    if shared:
+        kv_from_start = n_all - shared
+    if kv_from_start is not None and 0 < kv_from_start < n_all:
+        has_kv = tuple(h and il < kv_from_start for il, h in enumerate(has_kv))
+    if arch in NO_MEMORY_ARCHS:
+        has_kv = (False,) * n_all
+        notes.append(f"{arch} keeps no KV cache")
+    return has_kv
+
+
 def shape_from_hparams(hparams: Mapping[str, str], gguf_kv: Mapping[str, str] | None = None,
                        ) -> ModelShape | None:
     """A ``ModelShape`` from the model parameters a llama.cpp log prints.
@@ -768,14 +887,10 @@ def shape_from_hparams(hparams: Mapping[str, str], gguf_kv: Mapping[str, str] | 
     """
     hp = {str(k).strip(): v for k, v in (hparams or {}).items()}
     arch = str(hp.get("arch") or (gguf_kv or {}).get("general.architecture") or "").strip()
-    n_main = _int(hp.get("n_layer"))
-    n_all = _int(hp.get("n_layer_all"), n_main)
-    if n_main is None and n_all is None and arch:
-        n_all = _int(_kv_lookup(gguf_kv, arch, "block_count"))
-        n_main = n_all
-    if not n_all or n_all <= 0 or n_all > MAX_LAYERS:
+    counts = _layer_counts(hp, gguf_kv, arch)
+    if counts is None:
         return None
-    n_main = n_main if n_main and n_main <= n_all else n_all
+    n_main, n_all = counts
     notes: list[str] = []
     n_embd = _int(hp.get("n_embd"), 0) or 0
     n_head = _per_layer(hp.get("n_head"), n_all, n_main, None, notes, "n_head")
@@ -784,90 +899,19 @@ def shape_from_hparams(hparams: Mapping[str, str], gguf_kv: Mapping[str, str] | 
         n_head_kv = n_head
     if n_head_kv is None:
         return None
-    hk = _int(hp.get("n_embd_head_k"))
-    hv = _int(hp.get("n_embd_head_v"))
-    n_head0 = max(n_head or (0,)) if n_head else 0
-    if hk is None and n_embd and n_head0:
-        hk = n_embd // n_head0
-        notes.append("n_embd_head_k not printed: n_embd / n_head assumed")
-    if hv is None:
-        hv = hk
-    if hk is None:
+    sizes = _head_sizes(hp, n_embd, n_head, notes)
+    if sizes is None:
         return None
-    hk_swa = _int(hp.get("n_embd_head_k_swa"), hk)
-    hv_swa = _int(hp.get("n_embd_head_v_swa"), hv)
+    hk, hv, hk_swa, hv_swa = sizes
+    n_head0 = max(n_head or (0,)) if n_head else 0
     n_ctx_train = _int(hp.get("n_ctx_train"), 0) or _int(_kv_lookup(gguf_kv, arch, "context_length"), 0) or 0
-
-    # Recurrent layers.
-    is_rec = [False] * n_all
-    both = False
-    if arch in RECURRENT_ARCHS:
-        is_rec = [il < n_main for il in range(n_all)]
-    elif arch in HYBRID_HEADKV0_ARCHS:
-        is_rec = [il < n_main and n_head_kv[il] == 0 for il in range(n_all)]
-    elif arch in HYBRID_INTERVAL_ARCHS:
-        rec_arr = parse_num_list(_kv_lookup(gguf_kv, arch, "attention.recurrent_layers"))
-        if rec_arr and len(rec_arr) >= n_main:
-            is_rec = [il < n_main and bool(rec_arr[il]) for il in range(n_all)]
-        else:
-            k = _int(_kv_lookup(gguf_kv, arch, "full_attention_interval"), 4) or 4
-            is_rec = [il < n_main and (il + 1) % k != 0 for il in range(n_all)]
-    elif arch in HYBRID_BOTH_ARCHS:
-        is_rec = [il < n_main for il in range(n_all)]
-        both = True
-    elif arch in HYBRID_NEMOTRON_ARCHS:
-        n_ff = _per_layer(hp.get("n_ff"), n_all, n_main, 0, notes, "n_ff") or (0,) * n_all
-        is_rec = [il < n_main and n_head_kv[il] == 0 and n_ff[il] == 0 for il in range(n_all)]
-
-    # SWA layers.
-    n_swa = _int(hp.get("n_swa"), 0) or 0
-    if not n_swa:
-        n_swa = _int(_kv_lookup(gguf_kv, arch, "attention.sliding_window"), 0) or 0
-    swa_any = _int(hp.get("is_swa_any"))
-    is_swa = [False] * n_all
-    if arch == "phi3":
-        swa_any, n_swa = 0, 0  # llama-model.cpp: "Phi SWA is currently disabled"
-    has_pattern = _kv_lookup(gguf_kv, arch, "attention.sliding_window_pattern") is not None
-    wants_swa = bool(swa_any) if swa_any is not None else (
-        n_swa > 0 and (arch in SWA_DEFAULT_PERIOD or has_pattern))
-    if wants_swa:
-        if not n_swa:
-            n_swa = SWA_DEFAULT_WINDOW.get(arch, 0)
-        raw_pattern = _kv_lookup(gguf_kv, arch, "attention.sliding_window_pattern")
-        pattern = parse_num_list(raw_pattern)
-        period = int(pattern[0]) if pattern and len(pattern) == 1 and not isinstance(raw_pattern, list) else None
-        if pattern and (len(pattern) > 1 or isinstance(raw_pattern, list)):
-            # per-layer bool array (gemma4, mimo2, step35, ...), tiled when shorter than n_layer
-            is_swa = [bool(pattern[il % len(pattern)]) for il in range(n_all)]
-        if period is None and not any(is_swa):
-            period = _int(hp.get("n_swa_pattern"))
-        if any(is_swa):
-            pass
-        elif period is None and arch in ("lfm2", "lfm2moe"):
-            is_swa = [not r for r in is_rec]
-        elif period is None and arch in SWA_DEFAULT_PERIOD:
-            period = SWA_DEFAULT_PERIOD[arch]
-        if period is not None:
-            is_swa = list(swa_layers(n_all, period, dense_first=arch in SWA_DENSE_FIRST))
-            if arch == "smallthinker":
-                n_swa = 4096  # llama-model.cpp overrides the GGUF window for this arch
-        elif not any(is_swa):
-            # Unknown pattern: use differing head sizes if the log shows them, else count all
-            # layers as full attention (an upper bound).
-            kg = _per_layer(hp.get("n_embd_k_gqa"), n_all, n_main, None, notes, "n_embd_k_gqa")
-            if kg and hk_swa != hk:
-                is_swa = [n_head_kv[il] > 0 and kg[il] == hk_swa * n_head_kv[il] for il in range(n_all)]
-            if not any(is_swa):
-                notes.append(f"{arch}: sliding-window layers unknown; all layers counted as full attention")
-
+    is_rec, both = _recurrent_layers(arch, hp, gguf_kv, n_all, n_main, n_head_kv, notes)
+    is_swa, n_swa = _swa_layers(arch, hp, gguf_kv, n_all, n_main, n_head_kv, is_rec, hk, hk_swa, notes)
     head_dim_k = tuple((hk_swa if is_swa[il] else hk) for il in range(n_all))
     head_dim_v = tuple((hv_swa if is_swa[il] else hv) for il in range(n_all))
     # MLA (llama-hparams.cpp is_mla: both *_mla sizes non-zero).
     k_mla = _int(hp.get("n_embd_head_k_mla"), 0) or 0
     v_mla = _int(hp.get("n_embd_head_v_mla"), 0) or 0
-    is_mla = k_mla > 0 and v_mla > 0
-    kv_lora = _int(hp.get("n_lora_kv"), 0) or 0
-
     # Recurrent widths.
     n_embd_r = [0] * n_all
     n_embd_s = [0] * n_all
@@ -875,25 +919,12 @@ def shape_from_hparams(hparams: Mapping[str, str], gguf_kv: Mapping[str, str] | 
         r, s = _state_widths(arch, hp, gguf_kv, n_embd, n_head0, notes)
         n_embd_r = [r if x else 0 for x in is_rec]
         n_embd_s = [s if x else 0 for x in is_rec]
-    has_kv = tuple(il < n_main and n_head_kv[il] > 0 and (both or not is_rec[il]) for il in range(n_all))
-    # Layers that reuse another layer's cache own none (llama-model.cpp n_layer_kv_from_start):
-    # Gemma 3n keeps the first 20, Gemma 4 all but {arch}.attention.shared_kv_layers.
-    kv_from_start = None
-    if arch == "gemma3n":
-        kv_from_start = 20
-    shared = _int(_kv_lookup(gguf_kv, arch, "attention.shared_kv_layers"))
-    if shared:
-        kv_from_start = n_all - shared
-    if kv_from_start is not None and 0 < kv_from_start < n_all:
-        has_kv = tuple(h and il < kv_from_start for il, h in enumerate(has_kv))
-    if arch in NO_MEMORY_ARCHS:
-        has_kv = (False,) * n_all
-        notes.append(f"{arch} keeps no KV cache")
+    has_kv = _kv_layers(arch, gguf_kv, n_all, n_main, n_head_kv, is_rec, both, notes)
     return ModelShape(
         arch=arch or "unknown", n_layer=n_all, n_head_kv=tuple(n_head_kv), head_dim_k=head_dim_k,
         head_dim_v=head_dim_v, is_swa=tuple(is_swa), is_recurrent=tuple(is_rec), has_kv=has_kv,
-        n_swa=n_swa if any(is_swa) else 0, n_ctx_train=n_ctx_train, n_embd=n_embd, is_mla=is_mla,
-        kv_lora_rank=kv_lora, n_embd_head_k_mla=k_mla, n_embd_head_v_mla=v_mla,
+        n_swa=n_swa if any(is_swa) else 0, n_ctx_train=n_ctx_train, n_embd=n_embd, is_mla=k_mla > 0 and v_mla > 0,
+        kv_lora_rank=_int(hp.get("n_lora_kv"), 0) or 0, n_embd_head_k_mla=k_mla, n_embd_head_v_mla=v_mla,
         n_embd_r=tuple(n_embd_r), n_embd_s=tuple(n_embd_s), n_layer_nextn=n_all - n_main,
         source="log", name=(str(hp["general.name"]).strip() if hp.get("general.name") else None),
         notes=tuple(notes),

@@ -2,23 +2,8 @@
 
 from __future__ import annotations
 
-_PHASE_WORDS = {
-    "kv_cache": "the KV cache allocation failed",
-    "compute_buffer": "a compute (graph) buffer allocation failed",
-    "model_weights": "loading the model weights failed",
-    "context": "the context could not be created (the log does not say which buffer)",
-    "kv_capacity": "the engine's KV pool is too small for its maximum request length",
-    "memory_budget": "the engine refused to start: its own memory check failed",
-    "none": "no failure found in this log",
-    "unknown": "a failure that is not about memory, or that the log does not place",
-}
-
-
-def _mib(x) -> str:
-    if x is None:
-        return "?"
-    x = float(x)
-    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:,.2f}"
+from kvreport.units import fmt_mib as _mib
+from kvreport.vocab import PHASE_SENTENCE as _PHASE_WORDS
 
 
 def format_change(change: dict) -> str:
@@ -39,42 +24,47 @@ def format_change(change: dict) -> str:
     return " ".join(parts)
 
 
-def render_text(diagnosis: dict, bundle: dict | None = None) -> str:
-    """A few lines for a terminal: what failed (device, MiB requested vs free), the KV numbers,
-    the largest contexts that fit, findings, then the ranked fixes with their command lines."""
-    d = diagnosis or {}
-    f = d.get("failure") or {}
-    m = d.get("memory") or {}
-    sig = d.get("signature") or {}
-    out = [f"kvreport: {sig.get('title') or d.get('engine', 'unknown')}"]
-    phase = f.get("phase") or "unknown"
-    out.append(f"  what:     {_PHASE_WORDS.get(phase, phase)}")
-    if phase != "none":
-        where = f.get("failing_device") or (f.get("backend") if f.get("backend") not in (None, "unknown") else None)
-        parts = [f"on {where}"] if where else []
-        if f.get("requested_mib") is not None:
-            parts.append(f"{_mib(f['requested_mib'])} MiB requested")
-        if f.get("free_mib") is not None:
-            parts.append(f"{_mib(f['free_mib'])} MiB free")
-        if parts:
-            out.append("  failed:   " + ", ".join(parts) + f"  [{f.get('verdict') or 'unknown'}]")
-        if f.get("allocator_error"):
-            out.append(f"  deepest:  {f['allocator_error'][:200]}")
-        if f.get("final_error"):
-            label = "cause:   " if phase == "unknown" else "final:   "
-            out.append(f"  {label} {f['final_error'][:300]}")
+def _failure_lines(f: dict, phase: str) -> list[str]:
+    """``failed:`` (where, MiB requested vs free, verdict), ``deepest:`` and ``final:``/``cause:``."""
+    if phase == "none":
+        return []
+    out = []
+    where = f.get("failing_device") or (f.get("backend") if f.get("backend") not in (None, "unknown") else None)
+    parts = [f"on {where}"] if where else []
+    if f.get("requested_mib") is not None:
+        parts.append(f"{_mib(f['requested_mib'])} MiB requested")
+    if f.get("free_mib") is not None:
+        parts.append(f"{_mib(f['free_mib'])} MiB free")
+    if parts:
+        out.append("  failed:   " + ", ".join(parts) + f"  [{f.get('verdict') or 'unknown'}]")
+    if f.get("allocator_error"):
+        out.append(f"  deepest:  {f['allocator_error'][:200]}")
+    if f.get("final_error"):
+        label = "cause:   " if phase == "unknown" else "final:   "
+        out.append(f"  {label} {f['final_error'][:300]}")
+    return out
+
+
+def _kv_line(m: dict) -> list[str]:
+    """``KV cache:`` (size, context, sequences, cache types, MiB per 1k tokens) when it is known."""
+    if m.get("kv_required_mib") is None:
+        return []
     inp = m.get("inputs") or {}
-    if m.get("kv_required_mib") is not None:
-        line = f"  KV cache: {_mib(m['kv_required_mib'])} MiB"
-        if inp.get("n_ctx"):
-            line += f" for n_ctx {inp['n_ctx']} tokens"
-            if inp.get("n_seq"):
-                line += f", {inp['n_seq']} seq"
-        if inp.get("cache_type_k"):
-            line += f" ({inp.get('cache_type_k')}/{inp.get('cache_type_v')})"
-        if m.get("kv_mib_per_1k_tokens") is not None:
-            line += f"; {_mib(m['kv_mib_per_1k_tokens'])} MiB per 1k tokens"
-        out.append(line)
+    line = f"  KV cache: {_mib(m['kv_required_mib'])} MiB"
+    if inp.get("n_ctx"):
+        line += f" for n_ctx {inp['n_ctx']} tokens"
+        if inp.get("n_seq"):
+            line += f", {inp['n_seq']} seq"
+    if inp.get("cache_type_k"):
+        line += f" ({inp.get('cache_type_k')}/{inp.get('cache_type_v')})"
+    if m.get("kv_mib_per_1k_tokens") is not None:
+        line += f"; {_mib(m['kv_mib_per_1k_tokens'])} MiB per 1k tokens"
+    return [line]
+
+
+def _memory_lines(m: dict) -> list[str]:
+    """``KV cache:``, ``state:``, ``fits:`` and ``auto-fit:``."""
+    out = _kv_line(m)
     if m.get("rs_required_mib"):
         out.append(f"  state:    {_mib(m['rs_required_mib'])} MiB recurrent state (does not grow with the context)")
     fits = m.get("max_ctx_fit")
@@ -85,19 +75,36 @@ def render_text(diagnosis: dict, bundle: dict | None = None) -> str:
     if fit and fit.get("ran"):
         ch = ", ".join(f"{k} {v[0]} -> {v[1]}" for k, v in (fit.get("changed") or {}).items())
         out.append(f"  auto-fit: {fit.get('status')}" + (f" ({ch})" if ch else ""))
-    for fd in (d.get("findings") or [])[:6]:
-        out.append(f"  note:     {fd.get('text')}")
-    sugg = d.get("suggestions") or []
-    if sugg:
-        out.append("Fixes, most likely first:")
-        for i, s in enumerate(sugg, 1):
-            out.append(f"  {i}. {s.get('title')}  [{s.get('id')}]")
-            if s.get("command"):
-                out.append(f"     $ {s['command']}")
-            elif s.get("change"):
-                out.append("     change: " + format_change(s["change"]))
-            if s.get("expected"):
-                out.append(f"     expected: {s['expected']}")
-    elif phase not in ("none",):
-        out.append("No memory fix applies: the cause line above says what the engine refused.")
+    return out
+
+
+def _suggestion_lines(sugg: list[dict], phase: str) -> list[str]:
+    """The ranked fixes with their command lines, or why none applies."""
+    if not sugg:
+        return [] if phase == "none" else ["No memory fix applies: the cause line above says what the engine refused."]
+    out = ["Fixes, most likely first:"]
+    for i, s in enumerate(sugg, 1):
+        out.append(f"  {i}. {s.get('title')}  [{s.get('id')}]")
+        if s.get("command"):
+            out.append(f"     $ {s['command']}")
+        elif s.get("change"):
+            out.append("     change: " + format_change(s["change"]))
+        if s.get("expected"):
+            out.append(f"     expected: {s['expected']}")
+    return out
+
+
+def render_text(diagnosis: dict, bundle: dict | None = None) -> str:
+    """A few lines for a terminal: what failed (device, MiB requested vs free), the KV numbers,
+    the largest contexts that fit, findings, then the ranked fixes with their command lines."""
+    d = diagnosis or {}
+    f = d.get("failure") or {}
+    sig = d.get("signature") or {}
+    phase = f.get("phase") or "unknown"
+    out = [f"kvreport: {sig.get('title') or d.get('engine', 'unknown')}",
+           f"  what:     {_PHASE_WORDS.get(phase, phase)}"]
+    out += _failure_lines(f, phase)
+    out += _memory_lines(d.get("memory") or {})
+    out += [f"  note:     {fd.get('text')}" for fd in (d.get("findings") or [])[:6]]
+    out += _suggestion_lines(d.get("suggestions") or [], phase)
     return "\n".join(out) + "\n"

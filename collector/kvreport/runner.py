@@ -182,7 +182,8 @@ def cli_run(cmd: list[str], log_path: str | None = None, command_line: str | Non
     """`kvreport run`: returns CMD's exit status (127 when CMD is not found, 126 when not executable)."""
     from kvreport import probes
     from kvreport.cmdline import parse_command, placement_env
-    from kvreport.collect import build_bundle, engine_python, finish, memory_snapshot, read_log
+    from kvreport.collect import build_bundle, engine_python, memory_snapshot, read_log
+    from kvreport.commands.collect import finish
 
     cmd = list(cmd)
     if cmd and cmd[0] == "--":

@@ -10,8 +10,23 @@ MIB = 1024.0 * 1024.0
 GIB = 1024.0 * MIB
 """Bytes in one GiB (2**30)."""
 
-BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
-                   "q4_1": 20 / 32, "q4_0": 18 / 32, "iq4_nl": 18 / 32}
+#: ``-ctk`` / ``-ctv`` names -> (block size in elements, bytes per block).
+#: Source: ``ggml/src/ggml-common.h`` block structs and ``ggml/src/ggml.c`` ``type_traits``
+#: (also ``gguf-py/gguf/constants.py`` ``GGML_QUANT_SIZES``); the allowed values are
+#: ``common/arg.cpp`` ``kv_cache_types``.
+CACHE_TYPES: dict[str, tuple[int, int]] = {
+    "f32": (1, 4),
+    "f16": (1, 2),
+    "bf16": (1, 2),
+    "q8_0": (32, 34),
+    "q4_0": (32, 18),
+    "q4_1": (32, 20),
+    "q5_0": (32, 22),
+    "q5_1": (32, 24),
+    "iq4_nl": (32, 18),
+}
+
+BYTES_PER_VALUE = {name: size / blck for name, (blck, size) in CACHE_TYPES.items()}
 """Bytes per cached value of each llama.cpp cache type (ggml block sizes: q8_0 = 34 bytes per 32 values)."""
 
 

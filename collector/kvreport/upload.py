@@ -1,4 +1,4 @@
-"""`kvreport upload`: send a bundle to the team server (requests with urllib3 ``Retry``).
+"""Sending a bundle to the team server (the command, ``kvreport upload``, is :mod:`kvreport.commands.upload`) (requests with urllib3 ``Retry``).
 
 The body is the bundle JSON, gzip-compressed (``Content-Encoding: gzip``), posted to
 ``<server>/api/v1/bundles`` with ``Authorization: Bearer <token>``. Uploading is idempotent on the
@@ -13,10 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-import click
-
 from kvreport.bundle import BundleError, validate_bundle
-from kvreport.config import remember_upload, resolve_server
+from kvreport.config import resolve_server
 from kvreport.errors import InputError, UploadError
 
 RETRY_TOTAL = 4
@@ -120,20 +118,3 @@ def describe_answer(answer: dict) -> str:
     if cluster.get("issue_url"):
         lines.append(f"Tracked in: {cluster['issue_url']}")
     return "\n".join(lines)
-
-
-def cli_upload(path: str, server: str | None, token: str | None, as_json: bool = False) -> int:
-    """`kvreport upload PATH`: exit 0 when stored; :class:`UploadError` (exit 2) otherwise."""
-    bundle = read_bundle_file(path)
-    try:
-        answer = upload_bundle(bundle, server, token)
-    except UploadError as exc:
-        exc.hint = f"the bundle is unchanged at {path}; retry with: kvreport upload {path}"
-        raise
-    if answer.get("url"):
-        remember_upload(bundle["id"], answer["url"])
-    if as_json:
-        click.echo(json.dumps(answer, indent=1, ensure_ascii=False))
-    else:
-        click.echo(describe_answer(answer))
-    return 0

@@ -24,6 +24,19 @@ VERDICT_TITLE = {"exceeds_free": "request exceeded free memory",
                  "exceeds_alloc_limit": "request exceeded an allocation or process memory limit",
                  "fits_but_failed": "request fit the free memory but failed",
                  "unknown": "free memory not known"}
+PHASE_SENTENCE = {
+    "kv_cache": "the KV cache allocation failed",
+    "compute_buffer": "a compute (graph) buffer allocation failed",
+    "model_weights": "loading the model weights failed",
+    "context": "the context could not be created (the log does not say which buffer)",
+    "kv_capacity": "the engine's KV pool is too small for its maximum request length",
+    "memory_budget": "the engine refused to start: its own memory check failed",
+    "none": "no failure found in this log",
+    "unknown": "a failure that is not about memory, or that the log does not place",
+}
+"""What failed, as a sentence (the ``what:`` line of ``kvreport analyze``)."""
+PYTHON_ENGINES = ("vllm", "sglang", "tgi")
+"""Engines whose version kvreport reads from the Python packages of their interpreter (``probes.pyengines``)."""
 KV_PHASES = ("kv_cache", "kv_capacity")
 """Phases that count as a KV failure (``is_kv_failure``)."""
 

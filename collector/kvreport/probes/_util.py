@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-MIB = 1024 * 1024
+from kvreport.units import MIB  # noqa: F401 - one copy of the units, re-exported for the probes
 
 
 class Absent(Exception):

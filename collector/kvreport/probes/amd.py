@@ -13,6 +13,7 @@ import json
 import re
 
 from kvreport.probes._util import Absent, Deadline, ProbeFailed, one_line, run_named, to_mib
+from kvreport.units import GIB, MIB
 
 
 def parse_rocm_smi(text: str) -> list[dict]:
@@ -54,7 +55,7 @@ def _int(value) -> int | None:
 def _mib_field(entry) -> float | None:
     if isinstance(entry, dict):
         value, unit = entry.get("value"), str(entry.get("unit", "MB")).upper()
-        factor = {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}.get(unit, 1024**2)
+        factor = {"B": 1, "KB": 1024, "MB": MIB, "GB": GIB}.get(unit, MIB)
         try:
             return to_mib(float(value), factor)
         except (TypeError, ValueError):

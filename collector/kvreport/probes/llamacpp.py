@@ -23,6 +23,7 @@ import os
 import re
 
 from kvreport.probes._util import Absent, Deadline, ProbeFailed, one_line, run_tool, which
+from kvreport.vocab import BACKEND_DEVICE_PREFIX, DEVICE_PREFIX_BACKEND
 
 _VERSION_SEM = re.compile(r"version:\s*(?P<version>\S+)\s*\(build\s*(?P<build>\d+),\s*commit\s*(?P<commit>[^)\s]+)\)")
 _VERSION = re.compile(r"version:\s*(?P<build>\d+)\s*\((?P<commit>[^)\s]+)\)")
@@ -62,20 +63,24 @@ def parse_list_devices(stdout: str, stderr: str = "") -> list[dict]:
     for m in _DEVICE.finditer(text):
         dev = {"name": m.group("name").strip(), "description": m.group("desc"),
                "total_mib": float(m.group("total")), "free_mib": float(m.group("free"))}
-        dm = re.fullmatch(r"(CUDA|ROCm|MUSA)(\d+)", dev["name"])
+        dm = _CC_DEVICE.fullmatch(dev["name"])
         if dm and int(dm.group(2)) in ccs:
             dev["compute_capability"] = ccs[int(dm.group(2))]
         devices.append(dev)
     return devices
 
 
+# devices whose compute capability the CUDA/HIP/MUSA init lines give (``CUDA0``, ``ROCm1``, ``MUSA0``)
+_CC_DEVICE = re.compile("(" + "|".join(BACKEND_DEVICE_PREFIX[b] for b in ("cuda", "rocm", "musa")) + r")(\d+)")
+# --list-devices names that are no ggml compute backend of the diagnosis vocabulary
+_LIST_ONLY_PREFIX = (("RPC", "rpc"), ("BLAS", "cpu"))
+
+
 def backend_of(device_name: str) -> str:
     """kvreport backend word of a llama.cpp device name (CUDA0 -> cuda, Vulkan1 -> vulkan, MTL0 -> metal)."""
     low = device_name.lower()
-    for prefix, backend in (("cuda", "cuda"), ("rocm", "rocm"), ("musa", "musa"), ("vulkan", "vulkan"),
-                            ("mtl", "metal"), ("metal", "metal"), ("sycl", "sycl"), ("openvino", "openvino"),
-                            ("cann", "cann"), ("rpc", "rpc"), ("blas", "cpu"), ("cpu", "cpu")):
-        if low.startswith(prefix):
+    for prefix, backend in DEVICE_PREFIX_BACKEND + _LIST_ONLY_PREFIX:
+        if backend and low.startswith(prefix.lower()):
             return backend
     return "unknown"
 

@@ -19,6 +19,7 @@ from flask_login import login_user, logout_user
 from marshmallow import ValidationError
 from sqlalchemy import text
 
+from kvreport.units import MIB, fmt_mib
 from kvreport_server import analysis, auth
 from kvreport_server.api.bundles import is_bundle_id
 from kvreport_server.db import get_db, get_session
@@ -39,6 +40,11 @@ FILTERS = ("engine", "backend", "phase", "verdict", "version", "gpu", "status", 
 @bp.app_context_processor
 def _helpers():
     return {"sparkline_svg": sparkline_svg, "markdown_html": markdown_html, "is_maintainer": auth.is_maintainer}
+
+
+# one copy of the units for the pages too (globals: the macros of _macros.html see them when imported)
+bp.add_app_template_global(fmt_mib, "fmt_mib")
+bp.add_app_template_global(MIB, "MIB")
 
 
 @bp.before_request

@@ -1,0 +1,29 @@
+"""``kvreport upload PATH``: send a bundle file and print the server's answer (plain functions in
+:mod:`kvreport.upload`)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from kvreport.config import remember_upload
+from kvreport.errors import UploadError
+from kvreport.upload import describe_answer, read_bundle_file, upload_bundle
+
+
+def cli_upload(path: str, server: str | None, token: str | None, as_json: bool = False) -> int:
+    """`kvreport upload PATH`: exit 0 when stored; :class:`UploadError` (exit 2) otherwise."""
+    bundle = read_bundle_file(path)
+    try:
+        answer = upload_bundle(bundle, server, token)
+    except UploadError as exc:
+        exc.hint = f"the bundle is unchanged at {path}; retry with: kvreport upload {path}"
+        raise
+    if answer.get("url"):
+        remember_upload(bundle["id"], answer["url"])
+    if as_json:
+        click.echo(json.dumps(answer, indent=1, ensure_ascii=False))
+    else:
+        click.echo(describe_answer(answer))
+    return 0
