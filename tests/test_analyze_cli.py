@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
+import pytest
 from click.testing import CliRunner
 
 from kvreport.cli import main
@@ -145,3 +148,16 @@ def test_stdin_takes_the_same_path_as_a_file(tmp_path):
                        capture_output=True, timeout=60)
     assert a.returncode == b.returncode == 0
     assert a.stdout == b.stdout
+
+
+@pytest.mark.parametrize(("content", "why"), [(b"", "it is empty"), (b"\n  \n", "it is empty"),
+                                              (bytes(range(256)) * 40, "binary data"),
+                                              (b"\x1f\x8b\x08\x00" + b"x" * 100, "gzip"),
+                                              (b"GGUF\x03\x00\x00\x00" + b"\x00" * 100, "GGUF")])
+def test_not_a_log_is_a_one_line_error(tmp_path, content, why):
+    p = tmp_path / "in.log"
+    p.write_bytes(content)
+    r = subprocess.run([sys.executable, "-m", "kvreport.cli", "analyze", str(p)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and why in r.stderr and "Traceback" not in r.stderr

@@ -96,7 +96,7 @@ def test_case_diagnosis_shape(case):
     assert set(m["inputs"]) == {"n_ctx", "n_seq", "n_layer", "n_head_kv", "head_dim_k", "head_dim_v", "cache_type_k",
                                 "cache_type_v", "n_swa", "source"}
     assert all(set(x) == {"kind", "text", "line"} for x in d["findings"])
-    assert isinstance(d["signature"]["scheme"], int) and d["signature"]["key"].count("/") == 3
+    assert isinstance(d["signature"]["scheme"], int) and d["signature"]["key"].count("/") == 2
     from kvreport.fixes import SUGGESTION_IDS
 
     assert all(s["id"] in SUGGESTION_IDS and isinstance(s["change"], dict) for s in d["suggestions"])

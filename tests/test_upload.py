@@ -36,7 +36,7 @@ class _Server:
                 status, answer = outer.script.pop(0) if outer.script else (201, None)
                 if answer is None:
                     answer = {"id": outer.requests[-1]["bundle"]["id"], "url": "http://x/bundles/1",
-                              "cluster": {"id": 3, "key": "llama.cpp/kv_cache/cuda/exceeds_free",
+                              "cluster": {"id": 3, "key": "llama.cpp/kv_cache/cuda",
                                           "title": "llama.cpp · KV cache · CUDA", "count": 2,
                                           "known_fix": "Use -c 8192", "issue_url": "https://github.com/o/r/issues/1"},
                               "diagnosis": {}}

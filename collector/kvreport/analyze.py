@@ -51,10 +51,17 @@ from kvreport.signature import signature
 from kvreport.units import BYTES_PER_VALUE, fmt_mib
 from kvreport.vocab import BACKEND_DEVICE_PREFIX, ENGINES, backend_of_device  # noqa: F401 - re-exported
 
-ANALYZER_VERSION = "1.2.0"
+ANALYZER_VERSION = "2.0.0"
 """Version of the analysis rules; the server stores it and re-analyzes when it changes."""
 
 _DEVICE_PREFIX = BACKEND_DEVICE_PREFIX
+KV_EXAMPLES = (
+    # (shape, f16 KV bytes per token = n_layer x n_head_kv x head_dim x (K + V) x 2 bytes); from the models' configs
+    ("Llama-3.1-8B (32 layers x 8 KV heads x 128)", 32 * 8 * 128 * 2 * 2),
+    ("Qwen2.5-7B (28 x 4 x 128)", 28 * 4 * 128 * 2 * 2),
+    ("Mistral-Nemo-12B (40 x 8 x 128)", 40 * 8 * 128 * 2 * 2),
+)
+"""Well-known dense-attention shapes shown, labelled as examples, when a failure names a context but no model."""
 _ENGINES = tuple(e for e in ENGINES if e != "unknown")
 _BYTES_PER_VALUE = BYTES_PER_VALUE
 
@@ -75,6 +82,28 @@ def analyze(bundle: dict) -> dict:
     lines = log.get("lines") or []
     facts = parse_log(lines if isinstance(lines, list) else [])
     return diagnose(facts, bundle)
+
+
+def devices_in_log(bundle: dict) -> list[dict]:
+    """The accelerators the bundle's log names (llama.cpp ``Device 0: NVIDIA GeForce RTX 4090`` / ``using device
+    CUDA0 (...) - 23000 MiB free`` / ``--list-devices``, Ollama's inference compute, vLLM's torch devices), as
+    ``bundle.devices``-shaped entries with ``"source": "log"``: facts of the log, read by the analysis (a bundle's
+    ``devices`` holds only what the probes measured). CPU is left out. Memory in MiB."""
+    bundle = bundle if isinstance(bundle, dict) else {}
+    log = bundle.get("log") if isinstance(bundle.get("log"), dict) else {}
+    lines = log.get("lines") if isinstance(log.get("lines"), list) else []
+    out: list[dict] = []
+    for key, dev in parse_log(lines).devices.items():
+        key = str(key)
+        backend = backend_of_device(key)
+        description = dev.get("description")
+        if backend == "cpu" or key.upper() == "CPU" or (backend is None and not description):
+            continue
+        digits = key[len(key.rstrip("0123456789")):]
+        entry = {"backend": backend, "index": int(digits) if digits else None, "name": str(description or key).strip(),
+                 "device": key, "total_mib": dev.get("total_mib"), "free_mib": dev.get("free_mib"), "source": "log"}
+        out.append({k: v for k, v in entry.items() if v is not None})
+    return out
 
 
 def analyze_text(text: str, command_line: str | None = None) -> dict:
@@ -681,6 +710,8 @@ class _Diagnosis:
             n_ctx, src = fl["n_ctx"], "command"
         if not n_ctx and f.ollama.get("kv_size"):
             n_ctx, src = f.ollama["kv_size"], "log"
+        if not n_ctx and self.summary and self.summary.get("n_ctx"):
+            n_ctx, src = int(self.summary["n_ctx"]), "log"  # a typed summary: "requested ctx=262144"
         if not n_ctx and isinstance(fl.get("context_length"), int):
             n_ctx, src = fl["context_length"], "command"
         n_seq = to_int(ctx.get("n_seq_max"))
@@ -932,6 +963,11 @@ class _Diagnosis:
 
                 head, why = DEFAULT_HEADROOM_MIB, (f"{_fmt(DEFAULT_HEADROOM_MIB)} MiB for the compute buffer "
                                                    "(llama.cpp's --fit target margin, -fitt)")
+                if free < 2 * DEFAULT_HEADROOM_MIB:
+                    # a small device: the margin would leave nothing; a compute buffer of a small context on it is
+                    # a few hundred MiB, so keep half of what is free for it
+                    head, why = free / 2, (f"half of it ({_fmt(free / 2)} MiB) for the compute buffer (llama.cpp's "
+                                           f"--fit margin of {_fmt(DEFAULT_HEADROOM_MIB)} MiB is more than the device has)")
             self.headroom_mib, self.headroom_why = head, why
             budget = max(0.0, free - head)
             self.finding("kv_headroom", f"max_ctx_fit counts the KV alone within the {_fmt(free)} MiB left on "
@@ -970,10 +1006,38 @@ class _Diagnosis:
                 self.finding("other_processes",
                              f"processes on {entry.get('name') or 'a device'} at collection time: {names}")
 
+    def summary_numbers(self, failure: dict, mem: dict, cfg_d: dict) -> None:
+        """A typed summary line (``failed to allocate KV cache (requested ctx=262144, gpu memory free=1024 MiB)``):
+        with the model known (``--model``, the command's GGUF, the log's geometry) the KV at that context is the
+        request and the verdict follows; without it, labelled examples of well-known shapes give the scale."""
+        if not self.summary:
+            return
+        kv, n_ctx = mem.get("kv_required_mib"), cfg_d.get("n_ctx")
+        if kv is not None and mem["inputs"].get("source") in ("gguf", "log") and mem["inputs"].get("n_layer"):
+            failure["requested_mib"] = _r2(kv)
+            if failure["free_mib"] is not None and failure["verdict"] == "unknown":
+                failure["verdict"] = "exceeds_free" if kv > failure["free_mib"] else "fits_but_failed"
+            return
+        if not n_ctx:
+            self.finding("missing_facts", "the line gives no context size and no model: kvreport cannot size the KV "
+                         "cache (give --command with the engine's command line, or --model FILE.gguf)")
+            return
+        examples = "; ".join(f"{name}: {_fmt(n_ctx * per_token / MIB)} MiB" for name, per_token in KV_EXAMPLES)
+        self.finding("kv_examples", f"the model is not known (give --model FILE.gguf or --command with -m), so "
+                     f"kvreport cannot size this KV cache. For scale only — examples, not your model — an f16 KV cache "
+                     f"of {n_ctx:,} tokens takes {examples}")
+
+    def _examples_fit(self) -> list[tuple[str, int]]:
+        budget = getattr(self, "budget_mib", None)
+        if not budget or budget <= 0:
+            return []
+        return [(name, int(budget * MIB / per_token) // 256 * 256) for name, per_token in KV_EXAMPLES]
+
     def run(self) -> dict:
         engine = self.engine()
         failure = self.failure()
         mem, cfg_d = self.memory(failure)
+        self.summary_numbers(failure, mem, cfg_d)
         self.log_findings(failure, cfg_d)
         sig = signature({"engine": engine, **failure})
         suggestions = fixes.suggest(self._situation(engine, failure, mem, cfg_d))
@@ -1033,6 +1097,7 @@ class _Diagnosis:
             mem_limit_mib=(self.mem_limit or (None, None))[0], mem_limit_what=(self.mem_limit or (None, None))[1],
             kv_headroom_mib=getattr(self, "headroom_mib", None), kv_headroom_why=getattr(self, "headroom_why", None),
             oom_rule=(self.oom_event or {}).get("rule"), py_stage=f.py_stage or None,
+            kv_examples_fit=self._examples_fit() if self.summary and size is None else [],
             working_set=(self.oom_event or {}).get("rule") in ("metal-status-5", "metal-iogpu-oom", "metal-nil"))
 
 

@@ -72,13 +72,53 @@ def _as_bundle(head: bytes, fh) -> dict | None:
         raise InputError(str(exc)) from None
 
 
-def _diagnose(fh, command_line: str | None) -> tuple[dict, dict | None]:
+_CONTROL = bytes(b for b in range(32) if b not in (9, 10, 12, 13, 27))
+
+
+def not_a_log(head: bytes) -> str | None:
+    """Why the first bytes of an input are not a log or a bundle (empty, or binary data), else None.
+
+    Binary: a compressed or archive signature, or more than 1 % NUL bytes, or more than 10 % other control bytes
+    (a log keeps tabs, newlines, CR and ANSI escapes; a stray NUL or two in a crash log is still a log)."""
+    if not head.strip():
+        return "it is empty"
+    for magic, what in ((b"\x1f\x8b", "gzip"), (b"PK\x03\x04", "zip"), (b"\x28\xb5\x2f\xfd", "zstd"),
+                        (b"BZh", "bzip2"), (b"\xfd7zXZ", "xz"), (b"GGUF", "a GGUF model file"), (b"\x7fELF", "an executable")):
+        if head.startswith(magic):
+            return f"it is {what} data, not a log (decompress it first)" if what in ("gzip", "zip", "zstd", "bzip2", "xz") \
+                else f"it is {what}, not a log"
+    n = len(head)
+    if head.count(0) > n / 100 or sum(head.count(c) for c in _CONTROL) > n / 10:
+        return "it is binary data, not a log"
+    return None
+
+
+def _extra(command_line: str | None, model_path: str | None) -> dict:
+    """The parts of a bundle that the command line gives: the parsed command, and the model's GGUF header when
+    ``--model`` names a file or the command's ``-m`` names one that exists here."""
+    extra: dict = {}
+    if command_line:
+        extra["command"] = _parse_command(command_line)
+    if model_path or command_line:
+        from kvreport.collect import model_section
+
+        section = model_section(model_path, extra.get("command") or {})
+        if model_path and section and section.get("error") and not section.get("gguf"):
+            raise InputError(f"cannot read the model {model_path}: {section['error']}")
+        if section and section.get("gguf"):
+            extra["model"] = section
+    return extra
+
+
+def _diagnose(fh, command_line: str | None, model_path: str | None = None) -> tuple[dict, dict | None]:
     head = fh.read(64 * 1024)
+    why = not_a_log(head)
+    if why:
+        raise InputError(f"nothing to analyze in {getattr(fh, 'display', None) or 'the input'}: {why}")
     if head.lstrip().startswith(b"{"):
         bundle = _as_bundle(head, fh)
         if bundle is not None:
-            if command_line:
-                bundle["command"] = _parse_command(command_line)
+            bundle.update(_extra(command_line, model_path))
             return analyze(bundle), bundle
         fh.seek(0)
         head = fh.read(64 * 1024)
@@ -88,16 +128,16 @@ def _diagnose(fh, command_line: str | None) -> tuple[dict, dict | None]:
     else:
         fh.seek(0)
         facts = parse_stream(fh)
-    extra = {"command": _parse_command(command_line)} if command_line else {}
-    return diagnose(facts, extra), None
+    return diagnose(facts, _extra(command_line, model_path)), None
 
 
-def cli_analyze(path: str, as_json: bool = False, command_line: str | None = None) -> int:
+def cli_analyze(path: str, as_json: bool = False, command_line: str | None = None, model_path: str | None = None) -> int:
     """Run ``kvreport analyze``; returns the exit status (0 diagnosed, 1 no failure, 2 bad input)."""
     try:
         fh = _open(path)
+        fh.display = "standard input" if path == "-" else path
         try:
-            diagnosis, bundle = _diagnose(fh, command_line)
+            diagnosis, bundle = _diagnose(fh, command_line, model_path)
         except OSError as exc:
             raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
         finally:

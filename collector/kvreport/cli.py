@@ -148,7 +148,9 @@ def run(cmd, **opts) -> None:
 @click.argument("path", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--json", "as_json", is_flag=True, help="Print the diagnosis JSON.")
 @click.option("--command", "command_line", help="The command line that produced the log, if known.")
-def analyze(path: str, as_json: bool, command_line: str | None) -> None:
+@click.option("--model", "model_path", type=click.Path(dir_okay=False),
+              help="The GGUF model file, if the log does not print its shape (KV per token, largest -c that fits).")
+def analyze(path: str, as_json: bool, command_line: str | None, model_path: str | None) -> None:
     """Diagnose a bundle file or a raw engine log (or '-' for stdin), offline.
 
     Text pasted from a GitHub issue (code fences, '> ' quotes) is accepted as it is.
@@ -156,7 +158,7 @@ def analyze(path: str, as_json: bool, command_line: str | None) -> None:
     """
     from kvreport import analyze_cmd
 
-    sys.exit(analyze_cmd.cli_analyze(path, as_json=as_json, command_line=command_line))
+    sys.exit(analyze_cmd.cli_analyze(path, as_json=as_json, command_line=command_line, model_path=model_path))
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)

@@ -67,7 +67,8 @@ def memory_snapshot(probe_result: dict) -> list[dict]:
     return entries
 
 
-def _model_section(model_path: str | None, command: dict) -> dict | None:
+def model_section(model_path: str | None, command: dict) -> dict | None:
+    """The bundle's ``model`` section for a GGUF path (or the command's ``-m`` when it names one), or None."""
     path = model_path
     from_command = False
     if not path:
@@ -247,7 +248,7 @@ def build_bundle(log_lines: Iterable[str] | None = None, command_line: str | lis
         "probes": probe_result.get("probes") or {},
         "engine": engine,
         "command": command,
-        "model": _model_section(model_path, command),
+        "model": model_section(model_path, command),
         "log": excerpt.to_log(log_source) if excerpt is not None else None,
         "memory_before_launch": (memory_before or [])[:64],
         "redactions": {},

@@ -107,6 +107,9 @@ class Situation:
     """A Metal command buffer failed for memory while the graph ran (the whole working set, not one buffer)."""
     py_stage: str | None = None
     """The start-up step of a Python engine in which a torch OOM was raised (kvreport.logs.oom.STAGES)."""
+    kv_examples_fit: list = field(default_factory=list)
+    """Without the model: (example shape, largest context in tokens whose f16 KV fits the budget) for the
+    well-known shapes of kvreport.analyze.KV_EXAMPLES, shown as examples, never as the user's model."""
 
 
 def _mib(x: float | None) -> str:
@@ -205,6 +208,14 @@ def _reduce_ctx(b: _Builder, rank: float) -> None:
                   f"lower {flag} step by step (the KV shrinks in proportion)",
                   "The KV cache is n_ctx tokens x bytes per token; a smaller context is the first lever (playbook "
                   "step 1). Run kvreport with the command line (or the model file) to get the exact number.")
+        return
+    if s.kv_basis is None and s.kv_examples_fit and s.phase in ("kv_cache", "context"):
+        ex = "; ".join(f"{name}: about {_tok(n)} tokens" for name, n in s.kv_examples_fit)
+        b.add(rank, "reduce-ctx", "Ask for a much smaller context", {},
+              f"the model is not known, so no value is computed for it; for scale, the largest context whose f16 KV "
+              f"fits {_mib(s.kv_budget_mib)} MiB is, for example shapes (not your model): {ex}",
+              "The KV cache is n_ctx tokens x bytes per token; a smaller context is the first lever (playbook step 1). "
+              "Give kvreport the model (--model FILE.gguf) or the command line to get the exact number.")
         return
     basis = " (per-token cost derived from the failed KV buffer)" if s.kv_basis == "failed_buffer" else ""
     fit = (s.max_ctx_fit or {}).get(_type_key(s.cache_type_k))

@@ -1,6 +1,6 @@
-"""Failure signatures: the key that groups bundles into clusters on the server (scheme 1).
+"""Failure signatures: the key that groups bundles into clusters on the server (scheme 2).
 
-The key is ``<engine>/<phase>/<backend>/<verdict>``, e.g. ``llama.cpp/kv_cache/cuda/exceeds_free``:
+The key is ``<engine>/<phase>/<backend>``, e.g. ``llama.cpp/kv_cache/cuda``:
 
 * ``engine``: the program family that failed ("llama.cpp", "ollama", "vllm", "sglang", "tgi",
   "unknown"). Ollama keeps its own part although it runs llama.cpp: its users change other knobs.
@@ -12,8 +12,11 @@ The key is ``<engine>/<phase>/<backend>/<verdict>``, e.g. ``llama.cpp/kv_cache/c
   kv cache``) gets one key.
 * ``backend``: the backend family (cuda, rocm, vulkan, metal, sycl, cpu, openvino, cann, unknown);
   host buffers of a GPU backend (``CUDA_Host``) belong to that backend's family.
-* ``verdict``: how the request compared with what the device had (exceeds_free,
-  exceeds_alloc_limit, fits_but_failed, unknown).
+
+The verdict (exceeds_free, exceeds_alloc_limit, fits_but_failed, unknown) is NOT part of the key since
+scheme 2: it depends on whether the log happened to print the free memory (llama.cpp hides its device
+list below ``-lv 4``), so one failure would land in two clusters at two verbosities. It stays in the
+diagnosis, the bundle row and the cluster's facets. Scheme 1 keys had it as a fourth part.
 
 Never part of the key: numbers (sizes, contexts, build numbers), paths, device indices, model
 names, host names. ``id`` is the first 12 hex digits of SHA-256 over ``"kvreport-sig/<scheme>:<key>"``,
@@ -25,14 +28,13 @@ from __future__ import annotations
 
 import hashlib
 
-SCHEME = 1
+SCHEME = 2
 """Version of the signature rules; bump it whenever a key part changes meaning."""
 
 from kvreport.vocab import BACKEND_TITLE as _BACKEND_TITLE  # noqa: E402
 from kvreport.vocab import BACKENDS, ENGINES, PHASES, VERDICTS  # noqa: E402,F401
 from kvreport.vocab import ENGINE_TITLE as _ENGINE_TITLE  # noqa: E402
 from kvreport.vocab import PHASE_TITLE as _PHASE_TITLE  # noqa: E402
-from kvreport.vocab import VERDICT_TITLE as _VERDICT_TITLE  # noqa: E402
 
 
 def _norm(value, allowed: tuple[str, ...]) -> str:
@@ -55,16 +57,17 @@ def signature(facts: dict) -> dict:
     verdict = _norm(facts.get("verdict"), VERDICTS)
     if phase == "none":
         backend, verdict = "unknown", "unknown"
-    key = f"{engine}/{phase}/{backend}/{verdict}"
+    key = f"{engine}/{phase}/{backend}"
     sid = hashlib.sha256(f"kvreport-sig/{SCHEME}:{key}".encode()).hexdigest()[:12]
-    title = " · ".join((_ENGINE_TITLE[engine], _PHASE_TITLE[phase], _BACKEND_TITLE[backend], _VERDICT_TITLE[verdict]))
+    title = " · ".join((_ENGINE_TITLE[engine], _PHASE_TITLE[phase], _BACKEND_TITLE[backend]))
     notes = [
         f"engine '{engine}': the program family whose log this is (Ollama keeps its own part: its knobs differ)",
         f"phase '{phase}': the buffer the engine says failed, independent of how a given build words it",
         f"backend '{backend}': the backend family of the failing buffer (host buffers of a GPU backend count as that backend)",
-        f"verdict '{verdict}': the requested size against the free memory or allocation limit the bundle shows",
+        f"verdict '{verdict}' is not part of the key: whether the log printed the free memory must not split one "
+        "failure into two clusters (it is a facet of the cluster)",
         "numbers, paths, device indices and model names are left out so that the same failure groups together",
     ]
     if phase == "none":
-        notes.append("nothing failed, so backend and verdict are not part of the key")
+        notes.append("nothing failed, so the backend is not part of the key")
     return {"id": sid, "key": key, "title": title, "scheme": SCHEME, "notes": notes}

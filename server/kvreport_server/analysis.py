@@ -16,7 +16,7 @@ import re
 
 log = logging.getLogger("kvreport_server")
 
-FACET_KINDS = ("engine_version", "gpu", "model", "backend", "n_ctx", "suggestion", "machine", "error")
+FACET_KINDS = ("engine_version", "gpu", "model", "backend", "verdict", "n_ctx", "suggestion", "machine", "error")
 MAX_FACET_CHARS = 200
 
 
@@ -28,6 +28,10 @@ def analyzer_version() -> str:
     return str(ANALYZER_VERSION)
 
 
+SIGNATURE_SCHEME = 2
+"""kvreport.signature.SCHEME of this release (kept here so the server answers even without the analyzer)."""
+
+
 def _fallback(reason: str) -> dict:
     return {
         "analyzer_version": analyzer_version(),
@@ -36,8 +40,8 @@ def _fallback(reason: str) -> dict:
                     "free_mib": None, "allocator_error": None, "final_error": None, "verdict": "unknown"},
         "memory": None,
         "findings": [],
-        "signature": {"id": "unknown", "key": "unknown/unknown/unknown/unknown",
-                      "title": "Not analyzed", "scheme": 1, "notes": [reason]},
+        "signature": {"id": "unknown", "key": "unknown/unknown/unknown",
+                      "title": "Not analyzed", "scheme": SIGNATURE_SCHEME, "notes": [reason]},
         "suggestions": [],
         "analyzer_error": reason,
     }
@@ -61,11 +65,11 @@ def diagnose(bundle: dict) -> dict:
 
 def signature_of(diagnosis: dict) -> dict:
     sig = diagnosis.get("signature") or {}
-    key = str(sig.get("key") or "unknown/unknown/unknown/unknown")[:300]
+    key = str(sig.get("key") or "unknown/unknown/unknown")[:300]
     try:
-        scheme = int(sig.get("scheme") or 1)
+        scheme = int(sig.get("scheme") or SIGNATURE_SCHEME)
     except (TypeError, ValueError):
-        scheme = 1
+        scheme = SIGNATURE_SCHEME
     return {"key": key, "scheme": scheme, "id": str(sig.get("id") or "")[:64] or None,
             "title": str(sig.get("title") or key)[:500]}
 
@@ -194,11 +198,21 @@ def is_gpu(device: dict) -> bool:
     return bool(name) and backend != "cpu" and name.upper() != "CPU"
 
 
+def all_devices(bundle: dict) -> list[dict]:
+    """The devices the probes measured (``bundle.devices``) and, after them, those only the log names
+    (:func:`kvreport.analyze.devices_in_log`)."""
+    from kvreport.analyze import devices_in_log
+
+    probed = [d for d in (bundle.get("devices") or []) if isinstance(d, dict)]
+    names = {str(d.get("name") or "").strip().lower() for d in probed}
+    return probed + [d for d in devices_in_log(bundle) if d["name"].lower() not in names]
+
+
 def bundle_facts(bundle: dict, diagnosis: dict) -> dict:
     """The indexed columns of a bundle row (values cut to their column sizes; None when absent)."""
     engine = bundle.get("engine") or {}
     failure = diagnosis.get("failure") or {}
-    devices = [d for d in (bundle.get("devices") or []) if isinstance(d, dict)]
+    devices = all_devices(bundle)
     model = bundle.get("model") or {}
     gpu = next((d.get("name") for d in devices if is_gpu(d)), None)
     return {
@@ -230,11 +244,12 @@ def facets(bundle: dict, diagnosis: dict) -> set[tuple[str, str]]:
     version = engine.get("version")
     build = facts["build_number"]
     add("engine_version", f"b{build}" if build is not None else version)
-    for d in bundle.get("devices") or []:
-        if isinstance(d, dict) and is_gpu(d):
+    for d in all_devices(bundle):
+        if is_gpu(d):
             add("gpu", d.get("name"))
     add("model", facts["model_name"])
     add("backend", facts["backend"])
+    add("verdict", facts["verdict"])
     if facts["n_ctx"] is not None:
         add("n_ctx", str(facts["n_ctx"]))
     for sid in facts["suggestion_ids"] or []:

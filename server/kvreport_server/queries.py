@@ -195,7 +195,7 @@ def cluster_detail(session: Session, cluster_id: int, newest: int = 20) -> dict 
     if c is None:
         return None
     out = cluster_dict(c)
-    kinds = ("engine_version", "gpu", "model", "backend", "n_ctx", "suggestion")
+    kinds = ("engine_version", "gpu", "model", "backend", "verdict", "n_ctx", "suggestion")
     facets = top_facets(session, [c.id], kinds, per_kind=50).get(c.id, {})
     out["facets"] = {k: [{"value": v, "count": n} for v, n in facets.get(k, [])] for k in kinds}
     if facets.get("n_ctx"):

@@ -66,7 +66,7 @@ def _upsert_count(session: Session, table, keys: dict, delta: int) -> int:
     return session.execute(stmt.returning(table.c.count)).scalar_one()
 
 
-def _counter_updates(t: dt.datetime, build: int | None, version: str | None) -> dict:
+def _counter_updates(t: dt.datetime, build: int | None, version: str | None, verdict: str | None = None) -> dict:
     """SET clauses that add one bundle received at ``t`` (engine build ``build``) to a cluster row."""
     c = Cluster.__table__.c
     return dict(
@@ -80,6 +80,9 @@ def _counter_updates(t: dt.datetime, build: int | None, version: str | None) -> 
         first_version=case((c.min_build.is_(None), version), (c.min_build > build, version),
                            else_=c.first_version) if build is not None
         else case((c.first_version.is_(None), version), else_=c.first_version),
+        # the verdict is not part of the key (scheme 2): the cluster shows a known one once a bundle has it
+        verdict=case(((c.verdict.is_(None)) | (c.verdict == "unknown"), verdict), else_=c.verdict)
+        if verdict and verdict != "unknown" else c.verdict,
         updated_at=utcnow(),
     )
 
@@ -110,7 +113,7 @@ def _count_facets_and_day(session: Session, cluster_id: int, t: dt.datetime,
 def _count_in(session: Session, cluster_id: int, row: Bundle, bundle_facets: set[tuple[str, str]]) -> None:
     """Add one bundle to an existing cluster's counters (the caller holds the transaction)."""
     t = as_utc(row.received_at)
-    updates = _counter_updates(t, row.build_number, _version_of(row.build_number, row.engine_version))
+    updates = _counter_updates(t, row.build_number, _version_of(row.build_number, row.engine_version), row.verdict)
     session.execute(update(Cluster.__table__).where(Cluster.__table__.c.id == cluster_id).values(**updates))
     _count_facets_and_day(session, cluster_id, t, bundle_facets)
 
@@ -181,7 +184,7 @@ def ingest(db: Database, bundle: dict, *, size_bytes: int = 0, token_id: int | N
             #    so concurrent uploads to one cluster queue here and never deadlock)
             ct = Cluster.__table__
             stmt = _insert(session)(ct).values(**first).on_conflict_do_update(
-                index_elements=["scheme", "key"], set_=_counter_updates(t, build, version)).returning(*ct.c)
+                index_elements=["scheme", "key"], set_=_counter_updates(t, build, version, first["verdict"])).returning(*ct.c)
             crow = session.execute(stmt).one()
             cluster = Cluster(**dict(crow._mapping))
             # 2. the bundle (a duplicate id raises IntegrityError and rolls everything back)

@@ -235,7 +235,7 @@ STAGES = (
 
 ENGINE_WORDS = (("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"), ("TurboMind", "lmdeploy"), ("[TM]", "lmdeploy"),
                 ("mlx_lm", "mlx-lm"), ("mlx-lm", "mlx-lm"), ("mlx_vlm", "mlx-lm"), ("mlx-vlm", "mlx-lm"),
-                ("mlx.core", "mlx-lm"), ("[metal::", "mlx-lm"), ("ggml_", "llama.cpp"), ("ggml-", "llama.cpp"),
+                ("mlx.core", "mlx-lm"), ("[metal::", "mlx-lm"), ("llama-server", "llama.cpp"), ("llama-cli", "llama.cpp"), ("ggml_", "llama.cpp"), ("ggml-", "llama.cpp"),
                 ("llama_", "llama.cpp"), ("llm_load", "llama.cpp"))
 """Words that name an engine this layer knows only through its memory errors (module names, log prefixes)."""
 

@@ -1,0 +1,162 @@
+"""The failure layer (kvreport.logs.oom): memory-error lines of every runtime make a failure, never "no failure".
+
+Each rule of the table has a real line of its format (from the public reports named beside it) and must read it;
+the typed summary line of issue 12 reads as a KV-cache failure with reduce-ctx first, with and without the model.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvreport.analyze import analyze_text
+from kvreport.logs import is_key_line, parse_log
+from kvreport.logs.oom import FATAL, RULES
+from tests.paths import CASE_DIR, CORPUS_DIR
+from tests.tinygguf import dense
+
+# (rule id, a line of that format as real reports print it, backend, phase placed by the line alone)
+EXAMPLES = [
+    ("ggml-cuda-error", "CUDA error 2 at /data/llama.cpp/ggml-cuda.cu:5509: out of memory", "cuda", "unknown"),
+    ("ggml-cuda-error", "CUDA error: out of memory", "cuda", "unknown"),
+    ("ggml-cuda-error", "ROCm error: out of memory", "rocm", "unknown"),
+    ("cuda-malloc-oom", "cudaMalloc failed: out of memory", "cuda", "unknown"),
+    ("metal-nil", "ggml_metal_get_buffer: error: buffer is nil", "metal", "compute_buffer"),
+    ("python-memoryerror", "MemoryError: Unable to allocate 1.21 GiB for an array with shape (4096, 79104)", "cpu",
+     "unknown"),
+    ("turbomind-oom", "[TM][ERROR] CUDA runtime error: out of memory /lmdeploy/src/turbomind/utils/allocator.h:246",
+     "cuda", "unknown"),
+    ("cublas-alloc", "CUDA error: CUBLAS_STATUS_ALLOC_FAILED", "cuda", "unknown"),
+    ("engine:vllm", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                    "capacity of 23.58 GiB of which 1.06 GiB is free.", "cuda", "unknown"),
+    ("torch-oom", "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                  "capacity of 191.98 GiB of which 1.06 GiB is free.", "rocm", "unknown"),
+    ("torch-oom-bare", "RuntimeError: CUDA out of memory", "cuda", "unknown"),
+    ("metal-add-buffer", "ggml_metal_add_buffer: error: failed to allocate 'data            ' buffer, size = "
+                         "17408.00 MB", "metal", "unknown"),
+    ("metal-iogpu-oom", "ggml_metal_graph_compute: command buffer 0 failed with status 5 error: Insufficient Memory "
+                        "(00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)", "metal", "compute_buffer"),
+    ("metal-status-5", "ggml_metal_graph_compute: command buffer 1 failed with status 5", "metal", "compute_buffer"),
+    ("mlx-buffer-limit", "[metal::malloc] Attempting to allocate 447143641344 bytes which is greater than the "
+                         "maximum allowed buffer size of 28991029248 bytes.", "metal", "unknown"),
+    ("mlx-malloc-or-wait", "[malloc_or_wait] Unable to allocate 4194304 bytes.", "metal", "unknown"),
+    ("vulkan-oom", "terminate called after throwing an instance of 'vk::OutOfDeviceMemoryError'", "vulkan", "unknown"),
+    ("sycl-oom", "Native API failed. Native API returns: -5 (PI_ERROR_OUT_OF_RESOURCES) -5 "
+                 "(PI_ERROR_OUT_OF_RESOURCES)", "sycl", "unknown"),
+    ("sycl-oom", "UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY", "sycl", "unknown"),
+    ("cann-oom", "aclrtMalloc failed, error code 207001", "cann", "unknown"),
+    ("ggml-pool", "ggml_new_tensor_impl: not enough space in the context's memory pool (needed 268697600, available "
+                  "268435456)", "cpu", "compute_buffer"),
+    ("bad-alloc", "terminate called after throwing an instance of 'std::bad_alloc'", "cpu", "unknown"),
+    ("engine:llama.cpp", "llama_model_load: error loading model: mmap failed: Cannot allocate memory", None,
+     "model_weights"),
+    ("enomem", "fork: Cannot allocate memory", "cpu", "unknown"),
+    ("oom-killer", "Out of memory: Killed process 4242 (llama-server) total-vm:52428800kB", "cpu", "unknown"),
+    ("kv-slot", "decode: failed to find a memory slot for batch of size 512", None, "kv_capacity"),
+    ("kv-summary", "llama-server: failed to allocate KV cache (requested ctx=262144, gpu memory free=1024 MiB)",
+     None, "kv_cache"),
+    ("memory-words", "mystery-engine: allocation failed: insufficient memory on accelerator", None, "unknown"),
+]
+
+
+@pytest.mark.parametrize(("rule", "line", "backend", "phase"), EXAMPLES, ids=[f"{e[0]}-{i}" for i, e in enumerate(EXAMPLES)])
+def test_each_format_makes_a_failure(rule, line, backend, phase):
+    assert is_key_line(line)
+    d = analyze_text(line + "\n")
+    assert d["failure"]["phase"] != "none", d["failure"]
+    evs = [e for e in parse_log([line]).events if e["kind"] == "oom"]
+    assert d["failure"]["phase"] == phase
+    if rule.startswith("engine:"):  # an engine rule reads it; the failure layer leaves it alone
+        assert not evs
+        return
+    assert evs and evs[0]["rule"] == rule, evs
+    if backend:
+        assert d["failure"]["backend"] == backend
+    assert d["failure"]["allocator_error"] == line
+
+
+def test_every_rule_has_an_example():
+    assert {r.id for r in RULES} <= {e[0] for e in EXAMPLES}, {r.id for r in RULES} - {e[0] for e in EXAMPLES}
+
+
+def test_cuda_error_block_names_device_and_pool():
+    log = ("CUDA error: out of memory\n  current device: 1, in function ggml_cuda_pool_malloc_vmm at "
+           "ggml-cuda.cu:8583\n  cuMemCreate(&handle, reserve_size, &prop, 0)\n"
+           "GGML_ASSERT: ggml-cuda.cu:256: !\"CUDA error\"\n")
+    f = analyze_text(log)["failure"]
+    assert (f["phase"], f["backend"], f["failing_device"]) == ("compute_buffer", "cuda", "CUDA1")
+
+
+def test_a_failure_line_that_is_not_memory_is_unknown_not_none():
+    d = analyze_text("CUDA error: an illegal memory access was encountered\nggml-cuda.cu:106: CUDA error\n")
+    assert d["failure"]["phase"] == "unknown" and d["suggestions"] == []
+
+
+def test_recovered_memory_error_is_a_finding():
+    d = analyze_text("CUDA error: out of memory\nmain: server is listening on http://127.0.0.1:8080\n")
+    assert d["failure"]["phase"] == "none"
+    assert any(x["kind"] == "recovered_allocation" for x in d["findings"])
+
+
+def test_warnings_about_memory_are_not_failures():
+    assert analyze_text("use --no-kv-offload to avoid out of memory on small GPUs\n")["failure"]["phase"] == "none"
+
+
+SEED = "llama-server: failed to allocate KV cache (requested ctx=262144, gpu memory free=1024 MiB)\n"
+
+
+def test_seed_summary_line_without_model():
+    d = analyze_text(SEED)
+    assert d["engine"] == "llama.cpp"
+    assert d["failure"]["phase"] == "kv_cache" and d["failure"]["free_mib"] == 1024.0
+    assert d["memory"]["inputs"]["n_ctx"] == 262144
+    assert d["suggestions"][0]["id"] == "reduce-ctx"
+    ex = [x for x in d["findings"] if x["kind"] == "kv_examples"]
+    assert ex and "not your model" in ex[0]["text"] and "32,768 MiB" in ex[0]["text"]
+
+
+def test_seed_summary_line_with_the_model(tmp_path):
+    from kvreport.analyze import analyze
+    from kvreport.collect import model_section
+    from kvreport.excerpt import Excerpt
+
+    gguf = dense(tmp_path / "m.gguf", n_layer=32, n_head=32, n_head_kv=8, n_embd=4096, ctx=131072)
+    bundle = {"log": Excerpt().feed_all(SEED.splitlines()).to_log("file"), "model": model_section(str(gguf), {})}
+    d = analyze(bundle)
+    f, m = d["failure"], d["memory"]
+    assert m["inputs"]["source"] == "gguf" and m["kv_mib_per_1k_tokens"] == pytest.approx(128.0)
+    assert f["requested_mib"] == pytest.approx(32768.0) and f["verdict"] == "exceeds_free"
+    first = d["suggestions"][0]
+    assert first["id"] == "reduce-ctx"
+    n = first["change"]["--ctx-size"]
+    assert n == m["max_ctx_fit"]["f16"] and n * 128 / 1024 <= 512
+
+
+def _cases():
+    for base in (CASE_DIR, CORPUS_DIR):
+        yield from sorted(p for p in base.iterdir() if (p / "log.txt").is_file())
+
+
+def test_no_memory_error_line_answers_no_failure():
+    """Over every real log: a log with a memory-error line the engine did not carry on after is never "none"."""
+    silent = []
+    for case in _cases():
+        text = (case / "log.txt").read_text(errors="replace")
+        d = analyze_text(text)
+        if d["failure"]["phase"] != "none":
+            continue
+        mem = [e for e in parse_log(text.splitlines()).events if e["kind"] == "oom" and e.get("memory")]
+        recovered = any(x["kind"] == "recovered_allocation" for x in d["findings"])
+        if mem and not recovered:
+            silent.append(case.name)
+    assert not silent
+
+
+def test_failure_layer_lines_pass_the_prefilter():
+    """Every line of the real logs that a failure-layer rule matches is a key line (the prefilter comes from the
+    rules' keywords, so the excerpt and the grep path keep it)."""
+    missed = []
+    for case in _cases():
+        for line in (case / "log.txt").read_text(errors="replace").splitlines():
+            if any(r.pattern.search(line) for r in (*RULES, FATAL)) and not is_key_line(line):
+                missed.append((case.name, line[:120]))
+    assert not missed
