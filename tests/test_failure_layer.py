@@ -30,6 +30,13 @@ EXAMPLES = [
                     "capacity of 23.58 GiB of which 1.06 GiB is free.", "cuda", "unknown"),
     ("torch-oom", "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
                   "capacity of 191.98 GiB of which 1.06 GiB is free.", "rocm", "unknown"),
+    ("torch-exceed-allowed", 'thread \'main\' panicked at \'Unable to warmup model: Generation("Allocation on device 0 '
+                             'would exceed allowed memory. (out of memory)\\nCurrently allocated     : 16.08 GiB\\n'
+                             'Requested               : 4.83 GiB\\nDevice limit            : 22.20 GiB\\nFree '
+                             '(according to CUDA): 11.12 MiB', "cuda", "compute_buffer"),  # raised in the warm-up
+    ("engine:vllm", "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 23.69 GiB "
+                  "total capacity; 22.34 GiB already allocated; 3.81 MiB free; 22.56 GiB reserved in total by "
+                  "PyTorch)", "cuda", "unknown"),
     ("torch-oom-bare", "RuntimeError: CUDA out of memory", "cuda", "unknown"),
     ("metal-add-buffer", "ggml_metal_add_buffer: error: failed to allocate 'data            ' buffer, size = "
                          "17408.00 MB", "metal", "unknown"),

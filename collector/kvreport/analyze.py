@@ -403,6 +403,7 @@ class _Diagnosis:
         out["allocator_error"] = ev["line"]
         out["final_error"] = self.f.final_error or evs[-1]["line"]
         if ev.get("rule") == "ggml-pool" and ev.get("limit_mib") is not None:
+            self.limit = True  # the pool's size is the limit the request exceeded (not a device or driver limit)
             self.finding("pool_size", f"ggml's fixed memory pool of {_fmt(ev['limit_mib'])} MiB (sized by llama.cpp "
                          f"itself, not a device limit) was {_fmt((ev.get('mib') or 0) - ev['limit_mib'])} MiB short",
                          ev["line"])
@@ -454,7 +455,7 @@ class _Diagnosis:
         if idx is None:
             return None
         prefix = {"rocm": "ROCm", "musa": "MUSA"}.get(ev.get("backend") or "", "CUDA") \
-            if ev.get("rule") in ("ggml-cuda-error", "torch-oom", "cuda-malloc-oom") else None
+            if ev.get("rule") in ("ggml-cuda-error", "torch-oom", "torch-exceed-allowed", "cuda-malloc-oom") else None
         if ev.get("rule") == "ggml-cuda-error":
             prefix = ev.get("cuda_name") or self.f.cuda_name or prefix
         return f"{prefix}{idx}" if prefix else None
@@ -963,7 +964,7 @@ class _Diagnosis:
 
                 head, why = DEFAULT_HEADROOM_MIB, (f"{_fmt(DEFAULT_HEADROOM_MIB)} MiB for the compute buffer "
                                                    "(llama.cpp's --fit target margin, -fitt)")
-                if free < 2 * DEFAULT_HEADROOM_MIB:
+                if free < 2 * DEFAULT_HEADROOM_MIB and getattr(self, "mem_limit", None) is None:
                     # a small device: the margin would leave nothing; a compute buffer of a small context on it is
                     # a few hundred MiB, so keep half of what is free for it
                     head, why = free / 2, (f"half of it ({_fmt(free / 2)} MiB) for the compute buffer (llama.cpp's "

@@ -586,7 +586,7 @@ def _llama_rules(b: _Builder) -> None:
         _reduce_batch(b, 3)
     elif s.phase == "compute_buffer":
         idx = _dev_index(s.failing_device)
-        if (s.alloc_limit or s.verdict == "exceeds_alloc_limit") and not host_cap:
+        if (s.alloc_limit or s.verdict == "exceeds_alloc_limit") and not host_cap and s.oom_rule != "ggml-pool":
             _alloc_limit(b, 0)
             _reduce_batch(b, 1)
             _reduce_ctx(b, 2)

@@ -88,7 +88,7 @@ _GLUED = re.compile(r"(?<=[a-z0-9)])(?=(?:ggml_gallocr_reserve_n\w*|alloc_tensor
 # consecutive key lines hold one of these phrases only once joined, the joined text is read too. Each phrase is
 # part of a message an engine rule reads (vLLM V0/V1 capacity and start-up gate, Ollama's memory check, torch's
 # OOM, SGLang's pool check, llama.cpp's KV failure).
-WRAP_PHRASES = ("KV cache is needed", "larger than the available KV cache memory", "can be stored in KV cache",
+WRAP_PHRASES = ("out of memory. Tried to allocate", "KV cache is needed", "larger than the available KV cache memory", "can be stored in KV cache",
                 "less than desired GPU memory utilization", "more system memory", "Tried to allocate",
                 "increase --mem-fraction-static", "No available memory for the cache blocks",
                 "failed to allocate buffer for kv cache", "failed to allocate buffer for the kv cache")
@@ -129,8 +129,8 @@ def _feed_parts(f: LogFacts, line: str, lineno: int) -> None:
         for parser, own in _OWN:
             if own(part) is None:
                 continue
-            if parser is oom and len(f.events) > before:
-                continue  # the failure layer reads only what no engine-specific rule read
+            if parser is oom and any(not e.get("weak") for e in f.events[before:]):
+                continue  # the failure layer reads only what no engine-specific rule read (a weak guess is not)
             try:
                 parser.feed(f, part, lineno)
             except Exception:  # noqa: BLE001 - a parser bug must never stop the diagnosis

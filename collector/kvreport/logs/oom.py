@@ -66,12 +66,28 @@ def _size(m: re.Match, g: int = 1, u: int | None = 2) -> dict:
 def _torch(m: re.Match) -> dict:
     d = m.groupdict()
     out = {"mib": _mib(d.get("req"), d.get("ru"))}
-    if d.get("dev") is not None:
-        out["device_index"] = int(d["dev"])
-    if d.get("free") is not None:
-        out["free_mib"] = _mib(d["free"], d.get("fu"))
-    if d.get("total") is not None:
-        out["total_mib"] = _mib(d["total"], d.get("tu"))
+    dev = d.get("dev") or d.get("dev2")
+    if dev is not None:
+        out["device_index"] = int(dev)
+    free, fu = (d.get("free"), d.get("fu")) if d.get("free") is not None else (d.get("free2"), d.get("fu2"))
+    if free is not None:
+        out["free_mib"] = _mib(free, fu)
+    total, tu = (d.get("total"), d.get("tu")) if d.get("total") is not None else (d.get("total2"), d.get("tu2"))
+    if total is not None:
+        out["total_mib"] = _mib(total, tu)
+    return out
+
+
+def torch_oom(line: str) -> dict | None:
+    """torch's OutOfMemoryError text -> ``{"backend", "mib", "free_mib"?, "total_mib"?, "device_index"?}`` (MiB),
+    or None. Both eras of the CUDACachingAllocator message: torch >= 2.1 "Tried to allocate X. GPU N has a total
+    capacity of T of which F is free", torch < 2.1 "Tried to allocate X (GPU N; T total capacity; A already
+    allocated; F free; R reserved in total by PyTorch)"."""
+    m = _TORCH_RX.search(line)
+    if not m:
+        return None
+    out = _torch(m)
+    out["backend"] = {"CUDA": "cuda", "HIP": "rocm", "XPU": "sycl", "MPS": "metal", "NPU": "cann"}.get(m.group("be"))
     return out
 
 
@@ -101,9 +117,12 @@ def _summary(m: re.Match) -> dict:
     return out
 
 
-_TORCH = (r"(?P<be>CUDA|HIP|XPU|MPS|NPU) out of memory\. Tried to allocate (?P<req>[\d.]+) ?(?P<ru>[KMGT]i?B)"
-          r"(?:\. GPU (?P<dev>\d+) has a total capac(?:ity|ty) of (?P<total>[\d.]+) ?(?P<tu>[KMGT]i?B) of which "
-          r"(?P<free>[\d.]+) ?(?P<fu>[KMGT]i?B) is free)?")
+_TORCH = (r"(?P<be>CUDA|HIP|XPU|MPS|NPU) out of memory\.\s*Tried to allocate (?P<req>[\d.]+) ?(?P<ru>[KMGT]i?B|bytes)"
+          r"(?:\.?\s*GPU (?P<dev>\d+) has a total capac(?:ity|ty) of\s+(?P<total>[\d.]+) ?(?P<tu>[KMGT]i?B) of\s+which\s+"
+          r"(?P<free>[\d.]+) ?(?P<fu>[KMGT]i?B|bytes) is free"
+          r"|\s*\(GPU (?P<dev2>\d+); (?P<total2>[\d.]+) ?(?P<tu2>[KMGT]i?B) total(?: capacity)?;"
+          r"(?: [\d.]+ ?[KMGT]i?B already allocated;)? (?P<free2>[\d.]+) ?(?P<fu2>[KMGT]i?B|bytes) free)?")
+_TORCH_RX = re.compile(_TORCH)
 
 RULES: tuple[OomRule, ...] = (
     # -- ggml CUDA/HIP/MUSA: ggml-cuda.cu CUDA_CHECK -> ggml_cuda_error(): 2023 "CUDA error 2 at ggml-cuda.cu:N: out of
@@ -120,9 +139,16 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"(cuda|hip)Malloc failed: out of memory|cudaErrorMemoryAllocation|hipErrorOutOfMemory"),
             "cuda", "ggml-cuda.cu ggml_backend_cuda_buffer_type_alloc_buffer; Ollama 'cudaMalloc failed: out of memory'"),
     # -- torch (vLLM, SGLang, TGI, LMDeploy's PyTorch engine): torch/csrc/.../CUDACachingAllocator.cpp
-    OomRule("torch-oom", ("out of memory. Tried to allocate",),
-            re.compile(_TORCH), None, "torch CUDACachingAllocator OutOfMemoryError message (all torch 2.x)",
+    OomRule("torch-oom", ("out of memory. Tried to allocate", "Tried to allocate"),
+            _TORCH_RX, None, "torch CUDACachingAllocator OutOfMemoryError message (all torch 2.x)",
             phase=None, read=_torch),
+    OomRule("torch-exceed-allowed", ("would exceed allowed memory",),
+            re.compile(r"Allocation on device (\d+) would exceed allowed memory.{0,400}?Requested\s*:\s*([\d.]+) ?"
+                       r"([KMGT]i?B)(?:.{0,200}?Free \(according to CUDA\):\s*([\d.]+) ?([KMGT]i?B|bytes))?"),
+            "cuda", "torch CUDACachingAllocator under a per-process memory fraction ('Currently allocated / Requested "
+            "/ Device limit / Free (according to CUDA)'); TGI warm-up panics quote it with literal \\n",
+            read=lambda m: {"device_index": int(m.group(1)), "mib": _mib(m.group(2), m.group(3)),
+                            **({"free_mib": _mib(m.group(4), m.group(5))} if m.group(4) else {})}),
     OomRule("torch-oom-bare", ("OutOfMemoryError", "CUDA out of memory", "HIP out of memory", "XPU out of memory"),
             re.compile(r"torch\.(?:cuda\.)?OutOfMemoryError|\b(?:CUDA|HIP|XPU) out of memory"), None,
             "torch OutOfMemoryError without the allocator's sizes (pasted tracebacks)"),

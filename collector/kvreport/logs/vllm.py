@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import re
 
-from kvreport.logs.common import size_to_mib, to_float, to_int
+from kvreport.logs.common import to_float, to_int
 from kvreport.logs.facts import LogFacts
+from kvreport.logs.oom import torch_oom
 
 KEYWORDS = ("vLLM", "vllm", "KV cache", "max seq len", "gpu_memory_utilization", "GPU blocks", "blocks:",
             "Free memory on device", "Model loading took", "model weights took", "Maximum concurrency",
@@ -29,7 +30,6 @@ _GATE = re.compile(r"Free memory on device\s*(\S+)?\s*\(([\d.]+)/([\d.]+) GiB\) 
 _WEIGHTS = re.compile(r"(?:Model loading|Loading model weights) took ([\d.]+)\s*(GiB|GB)")
 _VERSION = re.compile(r"(?:vLLM API server version|vLLM server version|LLM engine \(v)\s*v?([\d][\w.\-+]*)")
 _AUTOFIT = re.compile(r"Auto-fit max_model_len: reduced from (\d+) to (\d+)")
-_TORCH_OOM = re.compile(r"CUDA out of memory\. Tried to allocate ([\d.]+) (GiB|MiB|KiB)(?:.*?GPU (\d+) has a total capacity of ([\d.]+) (GiB|MiB) of which ([\d.]+) (GiB|MiB|KiB) is free)?")
 _CONFIG = re.compile(r"(max_seq_len|kv_cache_dtype|tensor_parallel_size|gpu_memory_utilization|max_model_len)=([\w.\-]+)")
 _PROFILE = re.compile(r"total_gpu_memory=([\d.]+)GiB")
 
@@ -112,7 +112,9 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         if m2:
             v["estimated_max_len"] = int(m2.group(1))
         f.engine_hints["vllm"] += 3
-        f.add_event("engine", lineno, line, engine="vllm", phase="kv_capacity", backend=None)
+        # the engine's own numbers: the KV one max-length request needs against the KV memory it has
+        f.add_event("engine", lineno, line, engine="vllm", phase="kv_capacity", backend=None,
+                    requested_mib=v["kv_needed_mib"], free_mib=v["available_kv_mib"])
         f.final_error = line
         f.add_error(line)
         return
@@ -141,12 +143,10 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         f.final_error = line
         f.add_error(line)
         return
-    m = _TORCH_OOM.search(line)
-    if m:
-        req = size_to_mib(float(m.group(1)), m.group(2))
-        dev = f"CUDA{m.group(3)}" if m.group(3) is not None else None
-        free = size_to_mib(float(m.group(6)), m.group(7)) if m.group(6) else None
-        total = size_to_mib(float(m.group(4)), m.group(5)) if m.group(4) else None
+    t = torch_oom(line) if "Tried to allocate" in line else None
+    if t and t["backend"] == "cuda":
+        req, free, total = t["mib"], t.get("free_mib"), t.get("total_mib")
+        dev = f"CUDA{t['device_index']}" if t.get("device_index") is not None else None
         if dev and total:
             f.set_device(dev, "torch_oom", total_mib=total)
         # the step it was raised in (traceback frames, kvreport.logs.oom.STAGES), else: after the weights were
