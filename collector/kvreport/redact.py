@@ -88,7 +88,8 @@ _CONTAINS = {"apikey", "accesskey", "privatekey", "secretkey", "password", "pass
 _NOT_SECRET_TAIL = {"file", "files", "filename", "path", "paths", "dir", "directory", "env", "var", "name",
                     "names", "header", "type", "types", "length", "len", "size", "count", "prefix", "suffix",
                     "format", "fmt", "mode", "source", "location", "cmd", "command", "helper", "required",
-                    "enabled", "set", "hash", "url", "uri", "keyfile", "certfile", "id_path"}
+                    "enabled", "set", "hash", "url", "uri", "keyfile", "certfile", "id_path", "stdin",
+                    "stdout", "prompt"}
 # "<word>_token" names of tokenizer tokens and counters: BOS/EOS/PAD tokens are vocabulary entries
 _TOKENIZER_WORDS = {"bos", "eos", "pad", "unk", "sep", "cls", "mask", "eot", "eom", "eog", "fim", "pre", "suf",
                     "mid", "rep", "middle", "prefix", "suffix", "start", "end", "stop", "special", "control",
