@@ -6,9 +6,12 @@ string of a bundle:
 =================  ==========================================================  ===============
 kind               what                                                        placeholder
 =================  ==========================================================  ===============
-url_credentials    ``scheme://user:password@host``; secret query values        ``<credentials>``
-                   (``?token=…``, ``&api_key=…``, ``?key=…``, ``&sig=…``)       / ``<token>``
-authorization      ``Authorization: Bearer …`` / ``Basic …``, ``Bearer …``     ``<token>``
+url_credentials    ``scheme://user:password@host``, ``redis://:password@host``;   ``<credentials>``
+                   secret query values (``?token=…``, ``&api_key=…``, ``&sig=…``);  / ``<token>``
+                   ``curl``/``wget`` ``-u``/``--user``/``-U``/``--proxy-user user:pw``
+authorization      ``Authorization: Bearer …`` / ``Basic …``, ``Bearer …``;    ``<token>``
+                   ``Cookie:`` / ``Set-Cookie:`` values; passwords a command marks:
+                   ``mysql -pPW`` (glued), ``sshpass -p PW``, ``docker``/``podman``/… ``login -p PW``
 secret_flag        the value of a secret flag: ``--api-key``, ``--hf-token``/  ``<token>``
                    ``-hft``, ``--token``, ``--ssl-keyfile-password``… (the
                    flag's name is a secret name, below)
@@ -18,11 +21,15 @@ secret_env         the value of a secret name in an assignment: ``HF_TOKEN=…``
 token              bare tokens: ``hf_…``, ``sk-…``/``sk-proj-…``, ``ghp_…``/   ``<token>``
                    ``gho_…``/``ghs_…``/``github_pat_…``, ``glpat-…``,
                    ``xox[abposr]-…``, ``AKIA…``, ``AIza…``, ``nvapi-…``,
-                   ``r8_…``, ``gsk_…``, JWTs, PEM private-key blocks
+                   ``r8_…``, ``gsk_…``, JWTs, PEM private-key blocks, AWS secret
+                   access keys standing alone (40 characters of base64 mixing
+                   upper case, lower case and digits, not starting with ``/`` nor
+                   holding ``//``, with a ``/`` or ``+`` or after an ``AKIA…`` id)
 email              e-mail addresses                                            ``<email-N>``
 home               home directories: ``/home/x``, ``/Users/x``, ``C:\\Users\\x``,  ``<home>``
-                   ``C:/Users/x``, ``/mnt/c/Users/x`` (what follows is kept, so
-                   model file names stay)
+                   ``C:/Users/x``, ``/mnt/c/Users/x``, ``~x/`` (what follows is kept,
+                   so model file names stay); a Windows profile name with spaces
+                   (``C:\\Users\\Carol Danvers\\``), a Unix one only escaped or quoted
 ip                 IPv4 and IPv6 addresses except loopback and unspecified    ``<ip-N>``
                    (``127.0.0.1``, ``0.0.0.0``, ``::1``)
 user               this machine's user names (passed in), and the user of a    ``<user>``
@@ -34,7 +41,7 @@ host               this machine's host names (passed in), a prompt's host,     `
 
 **Secret names** (:func:`is_secret_key`). A name is split into words (``_``, ``-``, ``.``,
 camelCase); it is a secret name when its last word (ignoring a trailing number: ``TOKEN_2``) is
-TOKEN, KEY, SECRET, PASSWORD/PASSWD/PASSPHRASE, PASS/PWD, CREDENTIAL(S) or PAT, or when it contains
+TOKEN, KEY, SECRET, PASSWORD/PASSWD/PASSPHRASE, PASS/PWD, CREDENTIAL(S)/CRED(S) or PAT, or when it contains
 API+KEY, ACCESS+KEY, PRIVATE+KEY, SECRET+KEY, CLIENT+SECRET, ACCESS/AUTH/REFRESH/API+TOKEN
 (``AWS_ACCESS_KEY_ID``) and does not end in a word that makes it a file, path, type or size
 (``api_key_file``, ``--ssl-key-file``, ``key_length``). Not secret names: words that merely contain
@@ -51,9 +58,12 @@ under a weak name (a name whose only secret word is TOKEN or KEY, in lower case:
 ``HF_TOKEN=…``): people do use numeric API keys and PINs, and no fact lives under those names.
 
 **Not addresses**: version strings (``version 10.0.0.1``, ``cudnn==9.1.0.70``,
-``cuDNN 9.1.0.70``, ``libfoo-1.2.3.4``), llama.cpp timestamps (``0.00.032.078 I``), zero-padded
+``cuDNN 9.1.0.70``, ``libfoo-1.2.3.4``; a product name keeps a dotted quad only without a colon
+and outside 192.168/16, 172.16/12, 169.254/16, 100.64/10: ``nccl: 172.16.5.4`` is an address), llama.cpp timestamps (``0.00.032.078 I``), zero-padded
 numbers, PCI ids (``0000:01:00.0``), times and MACs, C++ names (``vk::Device::allocateMemory``,
 IPv6-looking strings without a digit).
+
+**Time**: every pattern is RE2 (:mod:`kvreport.linre`), linear in the text whatever it holds.
 
 Numbered placeholders are stable within one bundle: the same address gets the same ``<ip-N>``
 everywhere. The counts (replacements per kind) go to ``bundle["redactions"]``.
