@@ -48,7 +48,7 @@ def test_hostile_text_cannot_break_the_table_or_the_fence():
     bundle = minimal_bundle("llama_kv_cache: size = 4.00 MiB\n```\n<script>alert(1)</script>",
                             host={"cpu_model": "Evil | CPU\nwith newline"})
     body = issue_body(bundle, analyze(bundle))
-    assert "| CPU | Evil \\| CPU with newline |" in body
+    assert "| CPU | ` Evil \\| CPU with newline ` |" in body
     # the log holds a ``` line, so the log fence must be longer than three backticks
     assert "````\n" in body
 
@@ -83,3 +83,66 @@ def test_cli_issue_bad_file_is_one_line(tmp_path):
     result = CliRunner().invoke(main, ["issue", str(path)])
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1 and "not JSON" in result.stderr
+
+
+def _md_tokens(body: str):
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").enable("table").parse(body)
+
+
+def _inline_kinds(tokens) -> set[str]:
+    """Token types of a parsed body; our own <details>/<summary> HTML block is left out."""
+    kinds = set()
+    for t in tokens:
+        if not (t.type == "html_block" and t.content.startswith(("<details><summary>log (", "</details>"))):
+            kinds.add(t.type)
+        for c in t.children or []:
+            kinds.add(c.type)
+    return kinds
+
+
+def test_a_newline_in_the_allocator_error_stays_inside_its_code_span():
+    """Issue 13, item 8: the allocator-error line cannot leave its inline code (no fake heading)."""
+    bundle = _case_bundle()
+    diagnosis = analyze(bundle)
+    evil = "ggml_backend_cuda_buffer_type_alloc_buffer: ``x``\n### Maintainer note\n[download](https://evil.example/x.exe)"
+    diagnosis["failure"]["allocator_error"] = evil
+    diagnosis["failure"]["final_error"] = "done`\r\n<img src=https://evil.example/t.gif>"
+    body = issue_body(bundle, diagnosis)
+    line = next(x for x in body.splitlines() if x.startswith("- Allocator error:"))
+    assert "### Maintainer note" in line and "```" in line  # same line, fenced by three backticks
+    assert "\n### Maintainer note" not in body and "\n<img" not in body
+    tokens = _md_tokens(body)
+    assert not any(t.type == "heading_open" and "Maintainer" in tokens[i + 1].content for i, t in enumerate(tokens))
+    kinds = _inline_kinds(tokens)
+    assert not {"link_open", "image", "html_inline", "html_block"} & kinds
+
+
+def test_table_cells_cannot_emit_a_link_an_image_a_heading_or_html():
+    hostile = {"cpu_model": "[click](https://evil.example) ![t](https://evil.example/t.gif) <b>x</b> `a` | b\n# H",
+               "os": "Ubuntu\r\n## Maintainer note", "kernel": "www.evil.example \\| x", "container": "<script>"}
+    bundle = minimal_bundle("llama_kv_cache: size = 4.00 MiB", host=hostile,
+                            model={"file_name": "![img](https://evil.example/a.png)"})
+    body = issue_body(bundle, analyze(bundle))
+    table = [x for x in body.splitlines() if x.startswith("| ")]
+    assert all(x.count(" |") >= 2 for x in table)
+    for row in table:
+        assert "\n" not in row
+    tokens = _md_tokens(body)
+    kinds = _inline_kinds(tokens)
+    assert not {"link_open", "image", "html_inline", "html_block"} & kinds, kinds
+    headings = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open"]
+    assert not [h for h in headings if "Maintainer" in h or h == "H"]
+    # each hostile row stays one row of two cells
+    cells = [t for t in tokens if t.type == "td_open"]
+    assert len(cells) % 2 == 0
+    assert "| Model | ` ![img](https://evil.example/a.png) ` |" in body
+
+
+def test_a_fence_is_longer_than_any_backtick_run_inside():
+    bundle = minimal_bundle("llama_kv_cache: size = 4.00 MiB\n`````\n### Maintainer note")
+    body = issue_body(bundle, analyze(bundle))
+    assert "``````\n" in body
+    tokens = _md_tokens(body)
+    assert not [t for i, t in enumerate(tokens) if t.type == "heading_open" and "Maintainer" in tokens[i + 1].content]

@@ -91,6 +91,71 @@ def test_redact_text(text, expected):
     assert out == (text if expected is None else expected)
 
 
+ITEM9 = [  # issue 13, item 9: (text, redacted, kind the server's second pass reports)
+    ("curl -u bob:s3cretPW https://api.example.com/x", "curl -u <credentials> https://api.example.com/x",
+     "url_credentials"),
+    ("curl -s --user bob:s3cretPW https://api.example.com/x", "curl -s --user <credentials> https://api.example.com/x",
+     "url_credentials"),
+    ("curl -ubob:s3cretPW https://h.example.com", "curl -u<credentials> https://h.example.com", "url_credentials"),
+    ("Cookie: session=abc123def; theme=dark", "Cookie: <token>", "authorization"),
+    ("Set-Cookie: sid=xyz789abc; Path=/; HttpOnly", "Set-Cookie: <token>", "authorization"),
+    ('{"Cookie": "session=abc123def", "n_ctx": 4096}', '{"Cookie": "<token>", "n_ctx": 4096}', "authorization"),
+    ("redis://:hunter2pw@cache.example.com:6379/0", "redis://<credentials>@cache.example.com:6379/0",
+     "url_credentials"),
+    ("mysql -uroot -pS3cretPW mydb", "mysql -uroot -p<token> mydb", "authorization"),
+    ("sshpass -p S3cretPW ssh bob@gpu -p 2222", "sshpass -p <token> ssh bob@gpu -p 2222", "authorization"),
+    ("docker login -u bob -p S3cretPW registry.example.com", "docker login -u bob -p <token> registry.example.com",
+     "authorization"),
+    ("docker login --password S3cretPW r.example.com", "docker login --password <token> r.example.com", "secret_flag"),
+    (r"C:\Users\Carol Danvers\Downloads\qwen.gguf", r"<home>\Downloads\qwen.gguf", "home"),
+    (r"PS C:\Users\Carol Danvers> llama-server -m x.gguf", "PS <home>> llama-server -m x.gguf", "home"),
+    ('-m "/home/carol danvers/models/x.gguf"', '-m "<home>/models/x.gguf"', "home"),
+    (r"-m /home/carol\ danvers/models/x.gguf", "-m <home>/models/x.gguf", "home"),
+    ("-m ~carol/models/x.gguf", "-m <home>/models/x.gguf", "home"),
+    ("AKIAIOSFODNN7EXAMPLE wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "<token> <token>", "token"),
+    ("secret is wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY.", "secret is <token>.", "token"),
+    ("AKIAIOSFODNN7EXAMPLE,wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEYab", "<token>,<token>", "token"),
+    ("MY_SERVICE_CREDS=abc123xyz DB_PWD=pw42 SMTP_PASSWD=pw43", "MY_SERVICE_CREDS=<token> DB_PWD=<token> "
+     "SMTP_PASSWD=<token>", "secret_env"),
+    ("NCCL INFO nccl: 172.16.5.4", "NCCL INFO nccl: <ip-1>", "ip"),
+    ("driver: 192.168.7.7 driver 192.168.7.8", "driver: <ip-1> driver <ip-2>", "ip"),
+]
+
+
+@pytest.mark.parametrize("text, expected, kind", ITEM9)
+def test_item9_shapes_are_redacted_and_found_by_the_second_pass(text, expected, kind):
+    """Each shape of issue 13, item 9 is replaced by the client, and the server's second pass over a
+    bundle that still holds it reports it (secrets: refused or flagged; identities: found)."""
+    from kvreport_server.analysis import find_secrets as server_find_secrets
+
+    r = R()
+    assert r.redact_text(text) == expected
+    assert r.counts[kind] >= 1
+    assert R().redact_text(expected) == expected  # idempotent
+    assert (("l", kind) in find_secrets({"l": text}))
+    if kind in SECRET_KINDS:
+        refuse, flag = server_find_secrets({"log": {"lines": [[1, text]]}})
+        assert ("log.lines[0][1]", kind) in refuse + flag
+    assert find_secrets({"l": expected}) == []
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["curl", "-u", "bob:pw123", "https://x.example"], ["curl", "-u", "<credentials>", "https://x.example"]),
+    (["/usr/bin/curl", "--user=bob:pw123"], ["/usr/bin/curl", "--user=<credentials>"]),
+    (["mysql", "-uroot", "-pS3cret", "db"], ["mysql", "-uroot", "-p<token>", "db"]),
+    (["sshpass", "-p", "pw1", "ssh", "-p", "22", "h"], ["sshpass", "-p", "<token>", "ssh", "-p", "22", "h"]),
+    (["docker", "login", "-u", "bob", "-p", "pw1", "r.io"], ["docker", "login", "-u", "bob", "-p", "<token>", "r.io"]),
+])
+def test_item9_argv_forms(argv, expected):
+    from kvreport_server.analysis import find_secrets as server_find_secrets
+
+    assert Redactor().redact_argv(argv) == expected
+    i = next(i for i, (a, b) in enumerate(zip(argv, expected, strict=True)) if a != b)
+    refuse, _flag = server_find_secrets({"command": {"argv": argv}})
+    assert [p for p, _k in refuse] == [f"command.argv[{i}]"]
+    assert find_secrets({"command": {"argv": expected}}) == []
+
+
 def test_list_under_a_secret_key_is_redacted_item_by_item():
     """vLLM's ``--api-key`` takes several keys; as a parsed flag they are a list under ``api_key``."""
     r = R()
@@ -153,6 +218,13 @@ def test_list_under_a_secret_key_is_redacted_item_by_item():
     "from vllm.transformers_utils import hf_transformers_utils",
     "Authorization header missing; basic authentication required; Bearer authentication",
     "-m /models/tiny-fatkv.gguf",
+    # item 9 look-alikes: a port, a prompt for the password, a uid, a destructor, a digest, a version
+    "docker run -p 8080:80 -u 1000:1000 img && docker login -u bob --password-stdin r.example.com",
+    "mysql -uroot -p mydb; sshpass -f /tmp/pw ssh -p 2222 gpu; curl -u bob https://x.example.com",
+    "0.00.644.221 D ~llama_context:        CPU compute buffer size is   9.5176 MiB",
+    "commit 9c77ec1d3a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d; sha ABCDEF0123456789ABCDEF0123456789ABCDEF01",
+    "TensorRT 10.0.1.6, CUDA 12.1.0.1, takes ~seconds, -m ~/models/x.gguf",
+    "PWD=/tmp OLDPWD=/opt cookies enabled; cookie_jar=/tmp/c.txt",
 ])
 def test_facts_survive(text):
     assert R().redact_text(text) == text
@@ -370,10 +442,20 @@ _formatted = st.one_of(
     _fmt("AKIA", 16, string.ascii_uppercase + string.digits).map(lambda s: s[:20]), _fmt("AIza", 35).map(lambda s: s[:39]),
     _fmt("nvapi-", 40), st.tuples(_fmt("", 20), _fmt("", 30), _fmt("", 30)).map(
         lambda t: "eyJ" + t[0] + ".eyJ" + t[1] + "." + t[2]),
+    # a bare AWS secret access key: 40 characters of base64 with a "/" or "+" (kvreport.redact._aws_secret)
+    st.tuples(_fmt("", 38), st.sampled_from("/+"), st.sampled_from("abcxyz")).map(
+        lambda t: t[0][:19] + t[1] + t[0][19:38] + t[2]),
 )
+_B64 = set(string.ascii_letters + string.digits + "/+")
+
+
+def _aws_like(v: str) -> bool:
+    """40 characters of base64: recognised alone, not inside a longer path (/tmp/<key>/x.gguf)."""
+    return len(v) == 40 and set(v) <= _B64
 # names whose value is a secret: (environment-style, JSON/kwarg-style, flag-style)
 _ENV_NAMES = ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "VLLM_API_KEY",
-              "GITHUB_TOKEN", "DB_PASSWORD", "MY_SERVICE_SECRET", "LLAMA_API_KEY", "HF_TOKEN_2", "ANTHROPIC_API_KEY"]
+              "GITHUB_TOKEN", "DB_PASSWORD", "MY_SERVICE_SECRET", "LLAMA_API_KEY", "HF_TOKEN_2", "ANTHROPIC_API_KEY",
+              "MY_SERVICE_CREDS", "DB_PWD", "SMTP_PASSWD", "APP_CREDENTIALS"]
 _KEY_NAMES = ["api_key", "hf_token", "password", "access_token", "client_secret", "apiKey", "passwd", "token"]
 _FLAG_NAMES = ["api-key", "hf-token", "ssl-keyfile-password", "admin-api-key", "token"]
 
@@ -392,6 +474,12 @@ _LOG_TEMPLATES = [
     ("Authorization: Bearer {v}", [""]), ('"Authorization": "Bearer {v}"', [""]), ("X-Api-Key: {v}", [""]),
     ("https://alice:{q}@proxy.example.com:3128/v1", [""]), ("GET /m.gguf?download=true&token={q} 200", [""]),
     ("https://h.example.com/v1?api_key={q}", [""]),
+    # issue 13, item 9
+    ("curl -u alice:{v} https://h.example.com/v1", [""]), ("curl -s --user alice:{v} https://h.example.com/", [""]),
+    ("Cookie: session={v}; theme=dark", [""]), ("Set-Cookie: sid={v}; Path=/; HttpOnly", [""]),
+    ('{{"Cookie": "sid={v}"}}', [""]), ("redis://:{q}@cache.example.com:6379/0", [""]),
+    ("mysql -uroot -p{v} db", [""]), ("sshpass -p {v} ssh -p 2222 gpu", [""]),
+    ("docker login -u bob -p {v} registry.example.com", [""]), ("docker login --password {v} r.example.com", [""]),
 ]
 _ARGV_FORMS = [
     lambda v, n: ["--api-key", v], lambda v, n: ["--api-key=" + v], lambda v, n: ["-hft", v],
@@ -428,6 +516,7 @@ def test_planted_secrets_never_survive(tmp_path_factory, data, v, user, host, ip
     from kvreport.fsutil import write_json_atomic
 
     numeric = v.isdigit()
+    spaced = f"{user.title()} {mailbox.title()}"  # a Windows profile folder with a space
     template, names = data.draw(st.sampled_from(_LOG_TEMPLATES), label="template")
     if numeric:  # numbers are secrets only under strong names (a lower-case "token = 5" is a token id)
         names = [n for n in names if n not in ("token",)]
@@ -435,7 +524,8 @@ def test_planted_secrets_never_survive(tmp_path_factory, data, v, user, host, ip
     planted = _plant(template, names, v, data)
     prefix, suffix = data.draw(st.sampled_from(_PREFIXES)), data.draw(st.sampled_from(_SUFFIXES))
     env_name = data.draw(st.sampled_from(_ENV_NAMES), label="env name")
-    bare = [] if numeric else [f"loaded {v}", f"({v})", f"[{v}],", f"{v}", f"path /tmp/{v}/x.gguf"]
+    bare = [] if numeric else [f"loaded {v}", f"({v})", f"[{v}],", f"{v}"] + (
+        [] if _aws_like(v) else [f"path /tmp/{v}/x.gguf"])
     email = f"{mailbox}@{host}.example.com"
     homes = [f"/home/{user}/models", f"/Users/{user}/m", f"C:\\Users\\{user}\\m", f"C:/Users/{user}/m",
              f"/mnt/c/Users/{user}/m"]
@@ -446,6 +536,7 @@ def test_planted_secrets_never_survive(tmp_path_factory, data, v, user, host, ip
         f"paths {homes[3]}/a {homes[4]}/b on {host} as {user}",
         "llama_kv_cache:        CPU KV buffer size =  1024.00 MiB",
         "llama_context: worst-case: n_tokens = 4096, n_seqs = 1, n_outputs = 1",
+        f"saved to C:\\Users\\{spaced}\\Downloads\\x.gguf and ~{user}/models/x.gguf; nccl: {ip}",
     ]
     formatted_only = [b for b in bare if not _plain_only(v)]
     log += formatted_only
@@ -465,11 +556,12 @@ def test_planted_secrets_never_survive(tmp_path_factory, data, v, user, host, ip
     for secret in {v, quote(v, safe="")}:
         assert secret not in text, (planted, secret)
     assert ip not in text and ip6 not in text and email not in text
+    assert spaced not in text and f"~{user}/" not in text
     for h in homes:
         assert h not in text and h.replace("\\", "\\\\") not in text
     assert "1024.00 MiB" in text and "x.gguf" in text and "n_tokens = 4096" in text
     for b in (b1, b2):
-        assert b["redactions"].get("home", 0) >= 4
+        assert b["redactions"].get("home", 0) >= 6
         assert find_secrets(b, kinds=ALL_KINDS) == [], b["redactions"]
 
 
@@ -512,3 +604,68 @@ def test_harmless_number_lines_survive(prefix, pairs, style):
         line = prefix + ", ".join(f"{n}{sep}{num}" for n, sep, num in pairs)
     assert R().redact_text(line) == line
     assert find_secrets({"line": line, **{n: int(float(num.split()[0])) for n, _s, num in pairs}}) == []
+
+
+# --- linear time on any input (issue 13, item 1) ----------------------------------------------------
+
+_ATOMS = ["a-", "=", "@", "x:", "/", "a.", "a=", "1.", "::", "~a", " ", "\\", '"', "'", "<", "-", "token", "key",
+          "api_key=", "--api-key ", "Bearer ", "a@b.", "C:\\Users\\a ", "Cookie: ", "curl -u ", "mysql -p", "AKIA",
+          "hf_", "é", "\t", "[", "$(", "%", "?a=", "-----BEGIN RSA PRIVATE KEY-----"]
+_HEADS = ["", "token ", "HF_TOKEN=", "--api-key ", "curl ", "mysql ", "docker login ", "Authorization: ",
+          "https://", "version ", "nccl: "]
+
+
+def _seconds(fn, text: str) -> float:
+    import time
+
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn(text)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _assert_linear(fn, head: str, unit: str, chars: int = 10_000):
+    """Time at 4n over time at n: 4 when linear, 16 when quadratic; the bound leaves room for noise."""
+    n = max(1, chars // len(unit))
+    small, big = _seconds(fn, head + unit * n), _seconds(fn, head + unit * (4 * n))
+    assert big <= 9 * small + 0.02, (head, unit, small, big)
+
+
+def _patterns():
+    from kvreport import linre
+    from kvreport import redact as mod
+
+    return sorted((name, p) for name, p in vars(mod).items() if isinstance(p, linre.Pattern))
+
+
+def test_every_redaction_pattern_is_re2():
+    """Nothing in kvreport.redact compiles a Python ``re`` pattern (backtracking) any more."""
+    from kvreport import redact as mod
+
+    assert not [n for n, v in vars(mod).items() if isinstance(v, re.Pattern)]
+    assert len(_patterns()) >= 30
+
+
+@settings(max_examples=6, deadline=None, derandomize=True)
+@given(unit=st.lists(st.sampled_from(_ATOMS), min_size=1, max_size=3).map("".join),
+       head=st.sampled_from(_HEADS))
+def test_each_pattern_runs_in_linear_time(unit, head):
+    """Every redaction pattern, over adversarial text of growing length (``'a-' * n``, ``'=' * n``…)."""
+    for _name, pattern in _patterns():
+        _assert_linear(lambda t, p=pattern: sum(1 for _ in p.finditer(t)), head, unit, chars=4_000)
+
+
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(unit=st.lists(st.sampled_from(_ATOMS), min_size=1, max_size=4).map("".join),
+       head=st.sampled_from(_HEADS))
+def test_redaction_time_grows_linearly(unit, head):
+    """The client's redaction and the server's second pass, over adversarial text: ``Redactor().redact_text(
+    'token ' + 'a-' * 8000)`` took seconds with Python's ``re`` (4x per doubling)."""
+    _assert_linear(lambda t: Redactor(user_names=["alice"], host_names=["gpubox"]).redact_text(t), head, unit)
+    _assert_linear(lambda t: find_secrets({"l": t}), head, unit)
+
+
+def test_the_reported_line_is_fast():
+    assert _seconds(lambda t: Redactor().redact_text(t), "token " + "a-" * 8000) < 0.5

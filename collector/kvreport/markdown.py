@@ -10,7 +10,11 @@ and the diagnosis recomputed from it; nothing is read from the machine here.
 
 from __future__ import annotations
 
+import re
+
 import click
+
+from kvreport import linre
 
 FENCE = "```"
 
@@ -35,18 +39,57 @@ def _fmt_mib(value) -> str:
         return "?"
 
 
+_LINE_BREAKS = re.compile(r"[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]+")
+_BACKTICKS = re.compile(r"`+")
+# what a cell or a line of text may hold as it is: no Markdown syntax, no HTML, no link of any kind
+_PLAIN = re.compile(r"[A-Za-z0-9 .,;=%+/()\-]*")
+_PIPE = linre.compile(r"(?P<bs>\\*)\|")  # RE2: a long run of backslashes cannot make it backtrack
+_ESCAPE = re.compile(r"([\\`*_{}\[\]<>()#+!|~&-])")
+
+
+def _one_line(text: str) -> str:
+    return _LINE_BREAKS.sub(" ", text)
+
+
+def _code(text: str) -> str:
+    """An inline code span that no character of ``text`` can leave: one line, fenced by a backtick
+    run longer than any inside (issue 13, item 8)."""
+    text = _one_line(str(text))
+    longest = max((len(m) for m in _BACKTICKS.findall(text)), default=0)
+    fence = "`" * (longest + 1)
+    return f"{fence} {text} {fence}"
+
+
+def _text(value) -> str:
+    """Untrusted text inside a Markdown line: one line, every Markdown character escaped (no link,
+    image, emphasis or HTML); a URL-like text (autolinked by GitHub) becomes code."""
+    text = _one_line(str(value)).strip()
+    if _PLAIN.fullmatch(text) and "www." not in text.lower():
+        return text
+    if "://" in text or "www." in text.lower():
+        return _code(text)
+    return _ESCAPE.sub(r"\\\1", text)
+
+
 def _cell(value) -> str:
-    """A Markdown table cell: no pipes or newlines from untrusted text."""
+    """A Markdown table cell: one line; plain text as it is, anything else as code with its pipes
+    escaped (GitHub splits table rows on ``|`` even inside code), so that no cell can emit a link,
+    an image, a heading, HTML or a new row."""
     if value is None or value == "" or value == []:
         return "—"
     text = ", ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
-    return text.replace("|", "\\|").replace("\n", " ").strip()
+    text = _one_line(text).strip()
+    if _PLAIN.fullmatch(text) and "www." not in text.lower():
+        return text
+    # "\|" keeps a pipe in its cell; a backslash before it is doubled so that it cannot pair with ours
+    return _code(_PIPE.sub(lambda m: m.group("bs") * 2 + "\\|", text))
 
 
 def _fenced(text: str, lang: str = "") -> str:
-    fence = FENCE
-    while fence in text:
-        fence += "`"
+    """A fenced code block whose fence is longer than any backtick run in ``text``."""
+    longest = max((len(m) for m in _BACKTICKS.findall(text)), default=0)
+    fence = "`" * max(len(FENCE), longest + 1)
+    lang = lang if _PLAIN.fullmatch(lang) else ""
     return f"{fence}{lang}\n{text}\n{fence}"
 
 
@@ -166,11 +209,11 @@ def issue_body(bundle: dict, diagnosis: dict, url: str | None = None, max_log_li
     out.append("")
     out.append("### What failed")
     out.append("")
-    out.append(f"**{issue_title(bundle, diagnosis)}**")
+    out.append(f"**{_text(issue_title(bundle, diagnosis))}**")
     out.append("")
     verdict = failure.get("verdict")
-    out.append(f"- Phase: `{failure.get('phase')}`; backend: `{failure.get('backend')}`; "
-               f"failing device: `{failure.get('failing_device')}`; verdict: `{verdict}`")
+    out.append(f"- Phase: {_code(failure.get('phase'))}; backend: {_code(failure.get('backend'))}; "
+               f"failing device: {_code(failure.get('failing_device'))}; verdict: {_code(verdict)}")
     if failure.get("requested_mib") is not None:
         out.append(f"- Requested: {_fmt_mib(failure.get('requested_mib'))}; free on that device: "
                    f"{_fmt_mib(failure.get('free_mib'))}")
@@ -183,20 +226,20 @@ def issue_body(bundle: dict, diagnosis: dict, url: str | None = None, max_log_li
         fits = ", ".join(f"{t}: {n:,}" for t, n in memory["max_ctx_fit"].items() if n is not None)
         out.append(f"- Largest context whose KV fits the free memory: {fits} tokens")
     if failure.get("allocator_error"):
-        out.append(f"- Allocator error: `{failure['allocator_error'].strip()}`")
+        out.append(f"- Allocator error: {_code(str(failure['allocator_error']).strip())}")
     if failure.get("final_error") and failure.get("final_error") != failure.get("allocator_error"):
-        out.append(f"- Final error: `{failure['final_error'].strip()}`")
+        out.append(f"- Final error: {_code(str(failure['final_error']).strip())}")
     for finding in diagnosis.get("findings") or []:
-        out.append(f"- {finding.get('text')}")
+        out.append(f"- {_text(finding.get('text'))}")
     suggestions = diagnosis.get("suggestions") or []
     if suggestions:
         out.append("")
         out.append("### Suggested fixes (kvreport)")
         out.append("")
         for i, s in enumerate(suggestions, 1):
-            head = f"{i}. **{s.get('title') or s.get('id')}** (`{s.get('id')}`)"
+            head = f"{i}. **{_text(s.get('title') or s.get('id'))}** ({_code(s.get('id'))})"
             if s.get("expected"):
-                head += f": {s['expected']}"
+                head += f": {_text(s['expected'])}"
             out.append(head)
             if s.get("command"):
                 out.append("   " + _fenced(s["command"], "sh").replace("\n", "\n   "))
@@ -210,7 +253,7 @@ def issue_body(bundle: dict, diagnosis: dict, url: str | None = None, max_log_li
     out.append("| | |")
     out.append("|---|---|")
     for key, value in _environment_rows(bundle):
-        out.append(f"| {key} | {_cell(value)} |")
+        out.append(f"| {key} | {_cell(value)} |")  # keys are ours
     devices = _device_rows(bundle)
     if devices:
         out.append("")
@@ -223,7 +266,8 @@ def issue_body(bundle: dict, diagnosis: dict, url: str | None = None, max_log_li
         out.append("")
         out.append("### Relevant log output")
         out.append("")
-        note = f"{log.get('line_count', '?')} lines in all"
+        count = log.get("line_count")
+        note = f"{count if isinstance(count, int) and not isinstance(count, bool) else '?'} lines in all"
         if log.get("truncated") or cut:
             note += "; key lines and the tail kept"
         out.append(f"<details><summary>log ({note})</summary>")
@@ -233,9 +277,10 @@ def issue_body(bundle: dict, diagnosis: dict, url: str | None = None, max_log_li
         out.append("</details>")
     out.append("")
     sig = diagnosis.get("signature") or {}
-    foot = f"Reported with kvreport (analyzer {diagnosis.get('analyzer_version')}, signature `{sig.get('key')}`)."
+    foot = (f"Reported with kvreport (analyzer {_text(diagnosis.get('analyzer_version'))}, "
+            f"signature {_code(sig.get('key'))}).")
     if url:
-        foot = f"Full report: {url}\n\n" + foot
+        foot = f"Full report: {_one_line(url)}\n\n" + foot
     out.append(foot)
     return "\n".join(out) + "\n"
 

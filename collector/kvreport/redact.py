@@ -6,9 +6,12 @@ string of a bundle:
 =================  ==========================================================  ===============
 kind               what                                                        placeholder
 =================  ==========================================================  ===============
-url_credentials    ``scheme://user:password@host``; secret query values        ``<credentials>``
-                   (``?token=…``, ``&api_key=…``, ``?key=…``, ``&sig=…``)       / ``<token>``
-authorization      ``Authorization: Bearer …`` / ``Basic …``, ``Bearer …``     ``<token>``
+url_credentials    ``scheme://user:password@host``, ``redis://:password@host``;   ``<credentials>``
+                   secret query values (``?token=…``, ``&api_key=…``, ``&sig=…``);  / ``<token>``
+                   ``curl``/``wget`` ``-u``/``--user``/``-U``/``--proxy-user user:pw``
+authorization      ``Authorization: Bearer …`` / ``Basic …``, ``Bearer …``;    ``<token>``
+                   ``Cookie:`` / ``Set-Cookie:`` values; passwords a command marks:
+                   ``mysql -pPW`` (glued), ``sshpass -p PW``, ``docker``/``podman``/… ``login -p PW``
 secret_flag        the value of a secret flag: ``--api-key``, ``--hf-token``/  ``<token>``
                    ``-hft``, ``--token``, ``--ssl-keyfile-password``… (the
                    flag's name is a secret name, below)
@@ -18,11 +21,15 @@ secret_env         the value of a secret name in an assignment: ``HF_TOKEN=…``
 token              bare tokens: ``hf_…``, ``sk-…``/``sk-proj-…``, ``ghp_…``/   ``<token>``
                    ``gho_…``/``ghs_…``/``github_pat_…``, ``glpat-…``,
                    ``xox[abposr]-…``, ``AKIA…``, ``AIza…``, ``nvapi-…``,
-                   ``r8_…``, ``gsk_…``, JWTs, PEM private-key blocks
+                   ``r8_…``, ``gsk_…``, JWTs, PEM private-key blocks, AWS secret
+                   access keys standing alone (40 characters of base64 mixing
+                   upper case, lower case and digits, not starting with ``/`` nor
+                   holding ``//``, with a ``/`` or ``+`` or after an ``AKIA…`` id)
 email              e-mail addresses                                            ``<email-N>``
 home               home directories: ``/home/x``, ``/Users/x``, ``C:\\Users\\x``,  ``<home>``
-                   ``C:/Users/x``, ``/mnt/c/Users/x`` (what follows is kept, so
-                   model file names stay)
+                   ``C:/Users/x``, ``/mnt/c/Users/x``, ``~x/`` (what follows is kept,
+                   so model file names stay); a Windows profile name with spaces
+                   (``C:\\Users\\Carol Danvers\\``), a Unix one only escaped or quoted
 ip                 IPv4 and IPv6 addresses except loopback and unspecified    ``<ip-N>``
                    (``127.0.0.1``, ``0.0.0.0``, ``::1``)
 user               this machine's user names (passed in), and the user of a    ``<user>``
@@ -34,7 +41,7 @@ host               this machine's host names (passed in), a prompt's host,     `
 
 **Secret names** (:func:`is_secret_key`). A name is split into words (``_``, ``-``, ``.``,
 camelCase); it is a secret name when its last word (ignoring a trailing number: ``TOKEN_2``) is
-TOKEN, KEY, SECRET, PASSWORD/PASSWD/PASSPHRASE, PASS/PWD, CREDENTIAL(S) or PAT, or when it contains
+TOKEN, KEY, SECRET, PASSWORD/PASSWD/PASSPHRASE, PASS/PWD, CREDENTIAL(S)/CRED(S) or PAT, or when it contains
 API+KEY, ACCESS+KEY, PRIVATE+KEY, SECRET+KEY, CLIENT+SECRET, ACCESS/AUTH/REFRESH/API+TOKEN
 (``AWS_ACCESS_KEY_ID``) and does not end in a word that makes it a file, path, type or size
 (``api_key_file``, ``--ssl-key-file``, ``key_length``). Not secret names: words that merely contain
@@ -51,9 +58,12 @@ under a weak name (a name whose only secret word is TOKEN or KEY, in lower case:
 ``HF_TOKEN=…``): people do use numeric API keys and PINs, and no fact lives under those names.
 
 **Not addresses**: version strings (``version 10.0.0.1``, ``cudnn==9.1.0.70``,
-``cuDNN 9.1.0.70``, ``libfoo-1.2.3.4``), llama.cpp timestamps (``0.00.032.078 I``), zero-padded
+``cuDNN 9.1.0.70``, ``libfoo-1.2.3.4``; a product name keeps a dotted quad only without a colon
+and outside 192.168/16, 172.16/12, 169.254/16, 100.64/10: ``nccl: 172.16.5.4`` is an address), llama.cpp timestamps (``0.00.032.078 I``), zero-padded
 numbers, PCI ids (``0000:01:00.0``), times and MACs, C++ names (``vk::Device::allocateMemory``,
 IPv6-looking strings without a digit).
+
+**Time**: every pattern is RE2 (:mod:`kvreport.linre`), linear in the text whatever it holds.
 
 Numbered placeholders are stable within one bundle: the same address gets the same ``<ip-N>``
 everywhere. The counts (replacements per kind) go to ``bundle["redactions"]``.
@@ -64,29 +74,32 @@ like a secret or an identity.
 from __future__ import annotations
 
 import ipaddress
-import re
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
+
+from kvreport import linre
 
 SECRET_KINDS = ("url_credentials", "authorization", "secret_flag", "secret_env", "token")
 IDENTITY_KINDS = ("email", "home", "ip", "user", "host")
 
 # --- secret names ---------------------------------------------------------------------------------
 
-_WORD_SPLIT = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+_RUNS = linre.compile(r"[A-Z]+|[a-z]+|[0-9]+")
 _SECRET_LAST = {"token", "key", "secret", "secrets", "password", "passwd", "passphrase", "pass", "pwd",
-                "credential", "credentials", "apikey", "pat"}
+                "credential", "credentials", "cred", "creds", "apikey", "pat"}
 _NEEDS_PREFIX = {"key", "pass", "pwd", "pat"}  # too generic alone (--override-kv KEY=…, "pass 2")
 _GLUED = ("apikey", "accesskey", "privatekey", "secretkey", "accesstoken", "authtoken", "apitoken",
-          "password", "passwd", "passphrase", "secret", "hftoken")  # one word that ends like a secret
+          "password", "passwd", "passphrase", "secret", "hftoken", "sshpass")  # one word that ends like a secret
 _PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"), ("client", "secret"),
           ("access", "token"), ("auth", "token"), ("refresh", "token"), ("api", "token")}
 _CONTAINS = {"apikey", "accesskey", "privatekey", "secretkey", "password", "passwd", "passphrase"}
 _NOT_SECRET_TAIL = {"file", "files", "filename", "path", "paths", "dir", "directory", "env", "var", "name",
                     "names", "header", "type", "types", "length", "len", "size", "count", "prefix", "suffix",
                     "format", "fmt", "mode", "source", "location", "cmd", "command", "helper", "required",
-                    "enabled", "set", "hash", "url", "uri", "keyfile", "certfile", "id_path"}
+                    "enabled", "set", "hash", "url", "uri", "keyfile", "certfile", "id_path", "stdin",
+                    "stdout", "prompt"}
 # "<word>_token" names of tokenizer tokens and counters: BOS/EOS/PAD tokens are vocabulary entries
 _TOKENIZER_WORDS = {"bos", "eos", "pad", "unk", "sep", "cls", "mask", "eot", "eom", "eog", "fim", "pre", "suf",
                     "mid", "rep", "middle", "prefix", "suffix", "start", "end", "stop", "special", "control",
@@ -104,14 +117,27 @@ _DATA_KEY_WORDS = {"cache", "sort", "primary", "foreign", "partition", "hash", "
                    "override", "metric", "task", "job", "request", "prompt", "state", "result", "event"}
 _SETTING_WORDS = {"cors", "allow", "with", "include", "use", "no", "require", "send"}
 _STRONG_WORDS = {"api", "apikey", "access", "accesskey", "private", "privatekey", "secret", "secrets", "secretkey",
-                 "password", "passwd", "passphrase", "pass", "pwd", "credential", "credentials", "auth",
+                 "password", "passwd", "passphrase", "pass", "pwd", "credential", "credentials", "cred", "creds",
+                 "auth",
                  "authtoken", "accesstoken", "apitoken", "hf", "hftoken", "bearer", "client", "refresh", "bot",
                  "github", "gh", "gitlab", "openai", "anthropic", "huggingface", "hub", "aws", "azure", "ngrok",
                  "slack", "discord", "telegram", "pat", "ssh", "gpg", "pgp", "jwt", "oauth", "session"}
 
 
 def _words(name: str) -> list[str]:
-    return [w.lower() for w in _WORD_SPLIT.findall(name)]
+    """``HTTPServer_API-key2`` -> ``["http", "server", "api", "key", "2"]`` (camelCase, runs of capitals and digits)."""
+    words: list[str] = []
+    prev_end, prev_upper = -1, False
+    for m in _RUNS.finditer(name):
+        w = m.group()
+        if prev_upper and w[0].islower() and m.start() == prev_end:  # "HTTPServer": the S starts "Server"
+            upper = words.pop()
+            if len(upper) > 1:
+                words.append(upper[:-1])
+            w = upper[-1] + w
+        words.append(w)
+        prev_end, prev_upper = m.end(), w.isupper()
+    return [w.lower() for w in words]
 
 
 def secret_name_strength(name: str) -> int:
@@ -136,7 +162,7 @@ def secret_name_strength(name: str) -> int:
             secret = False
         elif last == "key" and prev in _DATA_KEY_WORDS:
             secret = False
-        elif last.startswith("credential") and prev in _SETTING_WORDS:  # --cors-credentials (a switch)
+        elif last.startswith("cred") and prev in _SETTING_WORDS:  # --cors-credentials (a switch)
             secret = False
         else:
             secret = True
@@ -160,7 +186,7 @@ def is_secret_key(name: str) -> bool:
     return secret_name_strength(name) > 0
 
 
-_FLAG_WORD = re.compile(r"--?[A-Za-z][A-Za-z0-9_-]*")
+_FLAG_WORD = linre.compile(r"--?[A-Za-z][A-Za-z0-9_-]*")
 
 
 def _is_secret_flag(word: str) -> bool:
@@ -174,13 +200,20 @@ _METAVARS = {"key", "keys", "token", "tokens", "secret", "password", "passwd", "
              "path", "str", "string", "text", "n", "type", "type:value", "api_key", "hf_token", "api_keys", "x"}
 _NON_VALUES = {"true", "false", "yes", "no", "on", "off", "none", "null", "nil", "undefined", "unset", "enabled",
                "disabled", "redacted"}
-_REFERENCE = re.compile(r"\$\{?[A-Za-z_]\w*(?::?[-=?+][^}]*)?\}?|\$\(.*\)|%[A-Za-z_]\w*%|\{\{.*\}\}|\$env:\w+", re.I)
-_MASK = re.compile(r"[*xX.•…#_-]{3,}|\*+")
-_NUMBER = re.compile(r"[+-]?\d+(?:\.\d+)?")
+_REFERENCE = linre.compile(r"\$\{?[A-Za-z_][\w\x01]*(?::?[-=?+][^}]*)?\}?|\$\(.*\)|%[A-Za-z_][\w\x01]*%|\{\{.*\}\}"
+                           r"|\$env:[\w\x01]+", "i")
+_MASK_CHARS = frozenset("*xX.•…#_-")
+_NUMBER = linre.compile(r"[+-]?[0-9]+(?:\.[0-9]+)?")
 # ours, tokenizer tokens (<s>, </s>, <unk>, <|eot_id|>) and documentation placeholders (<your token>, <API_KEY>)
-_ANY_PLACEHOLDER = re.compile(r"<(?:/?[A-Za-z]{1,4}|\|[^<>|]*\||[^<>]*(?:\s|your|token|key|secret|password|here)[^<>]*)>",
-                              re.I)
-_PLACEHOLDER = re.compile(r"^<(?:token|credentials|home|user|host|ip-\d+|email-\d+)>$")
+_ANY_PLACEHOLDER = linre.compile(
+    r"<(?:/?[A-Za-z]{1,4}|\|[^<>|]*\||[^<>]*(?:\s|your|token|key|secret|password|here)[^<>]*)>", "i")
+_PLACEHOLDER = linre.compile(r"<(?:token|credentials|home|user|host|ip-[0-9]+|email-[0-9]+)>")
+
+
+def _is_mask(v: str) -> bool:
+    """``****``, ``xxx``, ``…``: a masked value."""
+    chars = set(v)
+    return (len(v) >= 3 and chars <= _MASK_CHARS) or chars == {"*"}
 
 
 def _not_a_secret(value: str, strength: int) -> bool:
@@ -190,43 +223,79 @@ def _not_a_secret(value: str, strength: int) -> bool:
         return True
     if v.lower() in _NON_VALUES or v.strip("[]").lower() in _METAVARS and v.strip("[]").isupper():
         return True
-    if v.lower() in ("none", "null") or _REFERENCE.fullmatch(v) or _MASK.fullmatch(v):
+    if v.lower() in ("none", "null") or _REFERENCE.fullmatch(v) or _is_mask(v):
         return True
     return strength < 2 and bool(_NUMBER.fullmatch(v))
 
 
 # --- patterns ---------------------------------------------------------------------------------------
+#
+# Every pattern here runs on untrusted text (a log line, an uploaded bundle), so every one is an RE2
+# pattern (kvreport.linre): time linear in the text whatever it holds (issue 13, item 1). Python's
+# look-behinds become linre's one-character ``before`` context, look-aheads its ``after`` context,
+# and a look-ahead at the value of an assignment (which may be the name of the next one:
+# ``log_server_r: X-Api-Key: …``) a match of the name alone, the value then read by :func:`_value_span`.
+
+_W = r"\w\x01"  # a word character, as Python's Unicode \w (linre maps other word characters to \x01)
+_NOT_WORD = r"^|[^\w\x01]"
 
 # a value: quoted (also \"…\" inside a logged JSON string), or one word that does not end with
 # punctuation (the "," after "api_key=None," is not part of it)
-_VAL = r"(?:\\\"[^\"\\\n]*\\\"|\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'`;&]*[^\s\"'`;&,.:)\]}])"
-_VAL_NO_DASH = r"(?:\\\"[^\"\\\n]*\\\"|\"[^\"\n]*\"|'[^'\n]*'|(?!-)[^\s\"'`;&]*[^\s\"'`;&,.:)\]}])"
-_WRAP = r"(?:Some\(|SecretStr\(|\[|\()?"
+_VAL = linre.compile(r"\\\"[^\"\\\n]*\\\"|\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'`;&]*[^\s\"'`;&,.:)\]}]")
+_VAL_NO_DASH = linre.compile(r"\\\"[^\"\\\n]*\\\"|\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'`;&-][^\s\"'`;&]*[^\s\"'`;&,.:)\]}]"
+                             r"|[^\s\"'`;&,.:)\]}-]")
+_VAL_RUN = linre.compile(r"[^\s\"'`;&]*")
+_QUERY_VAL = linre.compile(r"[^&\s\"'#<>]+")
+_VAL_CAP = 4096  # a value is judged on its first 4 KiB (a longer one that is replaced is replaced whole)
+_WRAP = r"(?P<wrap>Some\(|SecretStr\(|\[|\()?"
 
-_URL_CREDS = re.compile(r"(?P<pre>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<cred>[^\s/@:<>\"']+:[^\s/@<>\"']*|[^\s/@:<>\"']{8,})@")
-_URL_QUERY = re.compile(r"(?P<pre>[?&;](?P<name>[A-Za-z0-9_.-]+)=)(?=(?P<val>[^&\s\"'#<>]+))")
+_URL_CREDS = linre.compile(r"(?P<pre>[a-zA-Z][a-zA-Z0-9+.-]*://)"
+                           r"(?P<cred>[^\s/@:<>\"']+:[^\s/@<>\"']*|:[^\s/@<>\"']+|[^\s/@:<>\"']{8,})@", before=_NOT_WORD)
+_URL_QUERY = linre.compile(r"(?P<pre>[?&;](?P<name>[A-Za-z0-9_.-]+)=)")
 _URL_QUERY_NAMES = {"key", "sig", "signature", "x-amz-signature", "x-amz-credential", "x-amz-security-token",
                     "auth", "access_token", "token", "code", "password", "pwd", "apikey", "secret"}
-_AUTH_HEADER = re.compile(r"(?P<pre>\b(?:proxy-)?authorization\b\\?[\"']?\s*[:=]\s*\\?[\"']?"
-                          r"(?:(?:bearer|basic|token|digest|negotiate)\s+)?)(?P<val>[^\s\"',\\]+)", re.I)
-_PLAIN_WORD = re.compile(r"[A-Za-z][a-z]*")
-_BEARER = re.compile(r"(?P<pre>\b(?:[Bb]earer|BEARER|Basic)\s+)(?P<val>[A-Za-z0-9._~+/=-]{8,})")
-_FLAG = re.compile(r"(?<![\w-])(?P<pre>--?(?P<name>[A-Za-z][A-Za-z0-9_-]*)(?:[ \t]*=[ \t]*|[ \t]+)" + _WRAP + r")"
-                   r"(?=(?P<val>" + _VAL_NO_DASH + r"))")
-_ASSIGN = re.compile(
-    r"(?<![\w$.@/\\])(?P<pre>(?P<q>\\?[\"'])?(?:\$env:)?(?P<name>[A-Za-z_][A-Za-z0-9_-]*)(?(q)(?P=q))"
-    r"[ \t]*(?:=(?!=)|:(?![:/]))[ \t]*" + _WRAP + r")(?=(?P<val>" + _VAL + r"))", re.I)
+_AUTH_HEADER = linre.compile(r"(?P<pre>(?:proxy-)?authorization\\?[\"']?\s*[:=]\s*\\?[\"']?"
+                             r"(?:(?:bearer|basic|token|digest|negotiate)\s+)?)(?P<val>[^\s\"',\\]+)", "i",
+                             before=_NOT_WORD)
+# Cookie: / Set-Cookie: headers (also "Cookie": "…" in JSON): the whole value, up to a quote or the line's end
+_COOKIE = linre.compile(r"(?P<pre>(?:set-)?cookie2?\\?[\"']?[ \t]*:[ \t]*\\?[\"']?)(?P<val>[^\n\"'\\]+)", "i",
+                        before=r"^|[^\w\x01-]")
+_PLAIN_WORD = linre.compile(r"[A-Za-z][a-z]*")
+_BEARER = linre.compile(r"(?P<pre>(?:[Bb]earer|BEARER|Basic)\s+)(?P<val>[A-Za-z0-9._~+/=-]{8,})", before=_NOT_WORD)
+_FLAG = linre.compile(r"(?P<pre>--?(?P<name>[A-Za-z][A-Za-z0-9_-]*)(?:[ \t]*=[ \t]*|[ \t]+)" + _WRAP + ")",
+                      before=r"^|[^\w\x01-]")
+_NAME_Q = r"(?P<q>\\?[\"'])?(?:\$env:)?(?P<name>[A-Za-z_][A-Za-z0-9_-]*)(?P<q2>\\?[\"'])?"
+_ASSIGN_BEFORE = r"^|[^\w\x01$.@/\\]"
+_ASSIGN = linre.compile(r"(?P<pre>" + _NAME_Q + r"[ \t]*(?P<sep>[=:])[ \t]*" + _WRAP + ")", "i", before=_ASSIGN_BEFORE)
 # a list under a secret name: vLLM's Namespace(api_key=['k1', 'k2']), JSON "api_key": ["k1", "k2"]
-_ASSIGN_LIST = re.compile(
-    r"(?<![\w$.@/\\])(?P<q>\\?[\"'])?(?P<name>[A-Za-z_][A-Za-z0-9_-]*)(?(q)(?P=q))[ \t]*[=:][ \t]*"
-    r"\[(?P<items>[^\[\]\n]*)\]")
-_LIST_ITEM = re.compile(r"(?P<val>\\\"[^\"\\\n]*\\\"|\"[^\"\n]*\"|'[^'\n]*'|[^\s,\"']+)")
-_SPACE_ASSIGN = re.compile(
-    r"(?P<pre>(?:\bsetenv|\bset(?:[ \t]+-[A-Za-z]+)*|\bENV|\bARG)[ \t]+(?P<name>[A-Za-z_][A-Za-z0-9_]*)[ \t]+)"
-    r"(?=(?P<val>" + _VAL_NO_DASH + r"))", re.M)
-_SECRET_HINT = re.compile(r"token|key|secret|pass|pwd|credential|pat|-hf", re.I)
-_TOKENS = re.compile(
-    r"(?<![A-Za-z0-9])(?:"
+_ASSIGN_LIST = linre.compile(_NAME_Q + r"[ \t]*[=:][ \t]*\[(?P<items>[^\[\]\n]*)\]", before=_ASSIGN_BEFORE)
+_LIST_ITEM = linre.compile(r"(?P<val>\\\"[^\"\\\n]*\\\"|\"[^\"\n]*\"|'[^'\n]*'|[^\s,\"']+)")
+_SPACE_ASSIGN = linre.compile(
+    r"(?P<pre>(?:setenv|set(?:[ \t]+-[A-Za-z]+)*|ENV|ARG)[ \t]+(?P<name>[A-Za-z_][A-Za-z0-9_]*)[ \t]+)", "m",
+    before=_NOT_WORD)
+_SECRET_HINT = linre.compile(r"token|key|secret|pass|pwd|cred|pat|-hf", "i")
+_ENV_NAME = linre.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# Passwords that only the command around them marks (issue 13, item 9). A command's words are
+# skipped lazily up to the flag, never across a pipe, ";" or "&" (so "docker login … && docker run -p
+# 8080:80" keeps its port).
+_CMD_VAL = r"(?P<val>\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'`;&|]+)"
+_CMD_WORDS = r"(?:[ \t]+[^\s|;&]+)*?[ \t]+"
+_PROGRAM_BEFORE = r"^|[^\w\x01.-]"
+# curl/wget -u/--user/-U/--proxy-user user:password (a value without ":" makes curl ask for the password)
+_CURL_USER = linre.compile(r"(?:curl|wget)" + _CMD_WORDS + r"(?:-[uU][ \t]*|--(?:proxy-)?user(?:[ \t]*=[ \t]*|[ \t]+))"
+                           + _CMD_VAL, before=_PROGRAM_BEFORE)
+# mysql -pPASSWORD (glued: "-p PASSWORD" makes mysql ask, and PASSWORD is the database)
+_MYSQL_P = linre.compile(r"(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlcheck|mysqlsh|mysqlpump|mysqlslap|mariadb"
+                         r"|mariadb-dump|mariadb-admin)" + _CMD_WORDS + r"-p" + _CMD_VAL, before=_PROGRAM_BEFORE)
+# sshpass -p PASSWORD / -pPASSWORD, among sshpass's own options only (ssh's "-p 2222" after it is a port)
+_SSHPASS_P = linre.compile(r"sshpass(?:[ \t]+-[A-Za-oq-z][^\s|;&]*)*[ \t]+-p[ \t]*" + _CMD_VAL, before=_PROGRAM_BEFORE)
+# docker/podman/… login -p PASSWORD (--password is a secret flag already)
+_LOGIN_P = linre.compile(r"(?:docker|podman|nerdctl|buildah|skopeo|oras|helm)" + _CMD_WORDS + r"login" + _CMD_WORDS
+                         + r"-p(?:[ \t]*=[ \t]*|[ \t]*)" + _CMD_VAL, before=_PROGRAM_BEFORE)
+_CMD_HINT = linre.compile(r"curl|wget|mysql|mariadb|sshpass|login", "i")
+
+_TOKENS = linre.compile(
     r"hf_[A-Za-z0-9]{10,}"
     r"|sk-(?:proj-|ant-|live-|test-|svcacct-|admin-)?[A-Za-z0-9_-]{16,}"
     r"|gh[pousr]_[A-Za-z0-9]{20,}"
@@ -239,33 +308,49 @@ _TOKENS = re.compile(
     r"|r8_[A-Za-z0-9]{20,}"
     r"|gsk_[A-Za-z0-9]{20,}"
     r"|pplx-[A-Za-z0-9]{20,}"
-    r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
-    r")")
-_PEM = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----(?:.*?-----END [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----)?",
-                  re.S)
-_EMAIL = re.compile(r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.(?P<tld>[A-Za-z]{2,})"
-                    r"(?![\w-])")
+    r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}", before=r"^|[^A-Za-z0-9]")
+_AWS_KEY_ID = linre.compile(r"(?:AKIA|ASIA)[0-9A-Z]{16}", before=r"^|[^A-Za-z0-9]", after=r"$|[^A-Za-z0-9]")
+# an AWS secret access key: 40 characters of base64 standing alone (see _aws_secret)
+_AWS_SECRET = linre.compile(r"[A-Za-z0-9/+]{40}", before=r"^|[^A-Za-z0-9/+=_.-]",
+                            after=r"$|\.(?:$|[^A-Za-z0-9])|[^A-Za-z0-9/+=_.-]")
+_PEM_BEGIN = linre.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
+_PEM_END = linre.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
+_EMAIL = linre.compile(r"[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.(?P<tld>[A-Za-z]{2,})",
+                       before=r"^|[^\w\x01.+-]", after=r"$|[^\w\x01-]")
 _FILE_TLDS = {"gguf", "bin", "safetensors", "png", "jpg", "jpeg", "gif", "webp", "json", "txt", "log", "yaml", "yml",
               "py", "cpp", "cc", "hpp", "cu", "so", "dll", "dylib", "exe", "md", "pt", "pth", "onnx", "ggml", "zip",
               "gz", "tar", "whl", "sh", "js", "ts", "html", "css", "csv", "toml", "ini", "cfg", "svg", "wav", "mp3"}
-_HOME = re.compile(
-    r"(?P<home>(?:/mnt/[a-zA-Z]/Users|[A-Za-z]:(?:\\\\|\\|/)Users|/Users|/home|/var/home|/export/home)"
-    r"(?:\\\\|\\|/)(?P<name>[^\s/\\\"'<>:;,|*?]+))", re.I)
-_PROMPT = re.compile(r"(?<![\w.@<>-])(?P<user>[A-Za-z_][\w.-]{0,31})@(?P<host>[A-Za-z0-9][\w.-]{0,62}):(?=[~/])")
+_HOME_NAME_CH = r"[^\s/\\\"'<>:;,|*?]"
+_HOME = linre.compile(
+    r"(?P<home>(?:(?P<win>/mnt/[a-zA-Z]/Users|[A-Za-z]:(?:\\\\|\\|/)Users)|/Users|/home|/var/home|/export/home)"
+    r"(?P<sep>\\\\|\\|/)(?P<name>" + _HOME_NAME_CH + r"+))", "i")
+_HOME_WORD = linre.compile(r" " + _HOME_NAME_CH + "+")            # one more word of a Windows profile name
+_HOME_ESCAPED = linre.compile(r"(?:\\ " + _HOME_NAME_CH + "+)+")  # /home/carol\ danvers
+_TILDE_HOME = linre.compile(r"~(?P<name>[A-Za-z_][A-Za-z0-9._-]{0,31})", before=r"^|[\s\"'=:(\[,;]", after=r"[/\\]")
+_PROMPT = linre.compile(r"(?P<user>[A-Za-z_][\w\x01.-]{0,31})@(?P<host>[A-Za-z0-9][\w\x01.-]{0,62}):",
+                        before=r"^|[^\w\x01.@<>-]", after=r"[~/]")
 # journalctl / syslog prefix: "Jul 07 02:07:26 gpubox ollama[1234]: ..." (the 4th field is the host)
-_SYSLOG = re.compile(r"^(?P<pre>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d )(?P<host>[^\s<>]+)(?= [\w.@/-]+(?:\[\d+\])?: )",
-                     re.M)
-_IPV4 = re.compile(r"(?<![\w.])(?<![A-Za-z0-9]-)(?P<ip>(?:25[0-5]|2[0-4]\d|1?\d?\d)(?:\.(?:25[0-5]|2[0-4]\d|1?\d?\d)){3})"
-                   r"(?!\w|\.\d|[-+~]\w)")
-_IPV6 = re.compile(r"(?<![\w:.])(?P<ip>(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0,4}(?:%[\w.]+)?)(?![\w:.])")
-# what precedes a dotted version that looks like an address: "version 10.0.0.1", "cudnn==9.1.0.70",
-# "cuDNN 9.1.0.70", "driver: 1.2.3.4"
-_VERSIONISH = re.compile(
-    r"(?:\bv|version|\bver|\bbuild|\brelease|\brev|driver|\bfirmware|\bfw|\bvbios|\bbios|\bcudnn|\bcuda"
-    r"|\bcublas|\bnccl|\btensorrt|\btrt|\brocm|\bhip|\bopenvino|\boneapi|\bopencl|\bvulkan|\btorch|\bpython"
-    r"|\bsdk|\bpackage|\bkernel|\blibrary|\bruntime|\bnvcc|==|>=|<=|~=|!=)[\s:=(\[]*$",
-    re.I)
-_LLAMA_TS_AFTER = re.compile(r" [IWEDT] ")
+_SYSLOG = linre.compile(r"^(?P<pre>[A-Z][a-z]{2} [ 0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9] )(?P<host>[^\s<>]+)", "m",
+                        after=r" [\w\x01.@/-]+(?:\[[0-9]+\])?: ")
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])"
+_IPV4 = linre.compile(r"(?P<ip>" + _OCTET + r"(?:\." + _OCTET + r"){3})",
+                      before=r"^|[^\w\x01.-]|(?:^|[^A-Za-z0-9])-",
+                      after=r"$|[^\w\x01.+~-]|\.(?:$|[^0-9\x01])|[-+~](?:$|[^\w\x01])")
+_IPV6 = linre.compile(r"(?P<ip>(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0,4}(?:%[\w\x01.]+)?)",
+                      before=r"^|[^\w\x01:.]", after=r"$|[^\w\x01:.]")
+# What precedes a dotted version that looks like an address, in the 24 characters before it.
+# A word that says "version" keeps any dotted quad ("version 10.0.0.1", "cudnn==9.1.0.70",
+# "Driver Version: 10.0.0.1"). A product name keeps it only with a space or "=" between them
+# ("cuDNN 9.1.0.70", "TensorRT 10.0.1.6"), never after a colon ("nccl: 172.16.5.4",
+# "driver: 192.168.7.7" are how tools print an address), and never when the quad is in a private
+# or link-local range other than 10/8 (192.168/16, 172.16/12, 169.254/16, 100.64/10).
+_VERSION_WORD = linre.compile(r"(?:\bv|version|\bver|\bbuild|\brelease|\brev|==|>=|<=|~=|!=)[\s:=(\[]*$", "i")
+_PRODUCT_WORD = linre.compile(
+    r"(?:driver|\bfirmware|\bfw|\bvbios|\bbios|\bcudnn|\bcuda|\bcublas|\bnccl|\btensorrt|\btrt|\brocm|\bhip"
+    r"|\bopenvino|\boneapi|\bopencl|\bvulkan|\btorch|\bpython|\bsdk|\bpackage|\bkernel|\blibrary|\bruntime|\bnvcc)"
+    r"[\s=(\[]*$", "i")
+_PRIVATE_NETS = tuple(ipaddress.ip_network(n) for n in ("192.168.0.0/16", "172.16.0.0/12", "169.254.0.0/16",
+                                                        "100.64.0.0/10"))
 _KEEP_IPS = {"127.0.0.1", "0.0.0.0", "255.255.255.255", "::1", "::"}
 _COMMON_NAMES = {
     # generic account and machine names: not identifying, and frequent words in engine logs, so
@@ -292,6 +377,183 @@ def _unquote(val: str) -> tuple[str, str, str]:
         if len(val) >= 2 * len(q) and val.startswith(q) and val.endswith(q):
             return q, val[len(q):-len(q)], q
     return "", val, ""
+
+
+def _quotes_pair(m: linre.Match) -> bool:
+    """A quoted name ends with the quote it opened with (``"api_key":``); an opening quote alone
+    leaves the name unquoted (``"api_key=…``); a closing one alone is no name."""
+    q, q2 = m.group("q"), m.group("q2")
+    return q2 is None or q == q2
+
+
+def _assign_strength(m: linre.Match) -> int:
+    """The strength of an ``_ASSIGN`` match's name; 0 for ``a==b``, ``x::y``, ``http://``."""
+    if not _quotes_pair(m):
+        return 0
+    sep, after = m.group("sep"), m.string[m.end("sep"):m.end("sep") + 1]
+    if (sep == "=" and after == "=") or (sep == ":" and after in (":", "/") and after):
+        return 0
+    return secret_name_strength(m.group("name"))
+
+
+def _curl_user_strength(m: linre.Match) -> int:
+    """``-u user:password`` is a secret; ``-u user`` (curl asks for the password) is not."""
+    _user, colon, password = _unquote(m.group("val"))[1].partition(":")
+    return 2 if colon and password and not _not_a_secret(password, 2) else 0
+
+
+def _value_span(subj: linre.Subject, pos: int, regex: linre.Pattern) -> tuple[int, int] | None:
+    """The span of the value that starts at ``pos`` (a bare one read up to ``_VAL_CAP`` characters)."""
+    n = len(subj)
+    end = min(n, pos + _VAL_CAP)
+    m = regex.match(subj, pos, end)
+    if end < n and subj.text[pos:pos + 1] in ("\"", "'", "\\") and (m is None or m.end() == end):
+        m = regex.match(subj, pos)  # a quoted value longer than the window: up to its closing quote
+    return None if m is None else m.span()
+
+
+def _wrapped_value(subj: linre.Subject, m: linre.Match, regex: linre.Pattern) -> tuple[int, int] | None:
+    """The value after ``m``'s ``pre``; inside ``Some(``/``[``/``(`` when it wraps one, else the wrapper onward."""
+    span = _value_span(subj, m.end("pre"), regex)
+    if span is None and m.start("wrap") >= 0:
+        span = _value_span(subj, m.start("wrap"), regex)
+    return span
+
+
+def _trimmed_val(subj: linre.Subject, m: linre.Match) -> tuple[int, int]:
+    start, end = m.span("val")
+    while end > start and subj.text[end - 1] in " \t\r":
+        end -= 1
+    return start, end
+
+
+def _bare_value_end(subj: linre.Subject, start: int, end: int) -> int:
+    """Where a bare value judged on its first ``_VAL_CAP`` characters really ends."""
+    run_end = _VAL_RUN.match(subj, start).end()
+    while run_end > end and subj.text[run_end - 1] in ",.:)]}":
+        run_end -= 1
+    return max(end, run_end)
+
+
+def _aws_secret(m: linre.Match, key_id_at: int | None) -> bool:
+    """Whether a 40-character base64 word (``_AWS_SECRET``) is an AWS secret access key.
+
+    It must mix upper case, lower case and digits (so no hex digest: a SHA-1 is 40 lower-case hex
+    digits), not start with ``/`` nor hold ``//`` (paths), and either hold ``/`` or ``+`` (as three
+    in four random keys do) or follow an AWS access key id (``AKIA…``/``ASIA…``) in the same text.
+    Under a secret name (``aws_secret_access_key = …``) any value is replaced anyway.
+    """
+    v = m.group()
+    if not (any(c.isupper() for c in v) and any(c.islower() for c in v) and any(c.isdigit() for c in v)):
+        return False
+    if v.startswith("/") or "//" in v:
+        return False
+    return "/" in v or "+" in v or (key_id_at is not None and key_id_at < m.start())
+
+
+def _spaced_name_end(subj: linre.Subject, end: int, quote: str, windows: bool) -> int:
+    """The end of a home folder's name that may go on with up to three more words after spaces."""
+    text = subj.text
+    best = pos = end
+    for _ in range(3):
+        word = _HOME_WORD.match(subj, pos)
+        if word is None:
+            break
+        pos = word.end()
+        following = text[pos:pos + 1]
+        if following in ("\\", "/") or (quote and following == quote) or (windows and following == ">"):
+            best = pos
+    return best
+
+
+def _version_before(text: str, start: int, ip: str) -> bool:
+    """Whether the dotted quad at ``start`` is a version by the words before it (see _VERSION_WORD)."""
+    window = text[max(0, start - 24):start]
+    if _VERSION_WORD.search(window):
+        return True
+    if _PRODUCT_WORD.search(window):
+        addr = ipaddress.IPv4Address(ip)
+        return not any(addr in net for net in _PRIVATE_NETS)
+    return False
+
+
+_CURL_PROGS = {"curl", "wget"}
+_MYSQL_PROGS = {"mysql", "mysqldump", "mysqladmin", "mysqlimport", "mysqlcheck", "mysqlsh", "mysqlpump", "mysqlslap",
+                "mariadb", "mariadb-dump", "mariadb-admin"}
+_LOGIN_PROGS = {"docker", "podman", "nerdctl", "buildah", "skopeo", "oras", "helm"}
+_SHELL_SEPARATORS = {"|", "||", "&&", ";", "&"}
+
+
+def _program(word: str) -> str:
+    base = word.replace("\\", "/").rsplit("/", 1)[-1].lower()
+    return base[:-4] if base.endswith(".exe") else base
+
+
+def _argv_context(argv: list[str]) -> dict[int, tuple[str, str]]:
+    """Words of an argv that are passwords by the command around them (``curl -u user:pw``,
+    ``mysql -pPW``, ``sshpass -p PW``, ``docker login -p PW``): ``{index: (kind, replacement)}``."""
+    found: dict[int, tuple[str, str]] = {}
+    prog: str | None = None
+    login = skip = False
+    take: tuple[str, str, bool] | None = None  # the next word is a secret: (kind, placeholder, needs user:pw)
+
+    def secret(value: str, colon: bool) -> bool:
+        bare = _unquote(value)[1]
+        if colon:
+            _user, sep, bare = bare.partition(":")
+            if not sep:
+                return False
+        return bool(bare) and not _not_a_secret(bare, 2) and not _PLACEHOLDER.fullmatch(bare)
+
+    for i, word in enumerate(argv):
+        if take is not None:
+            kind, placeholder, colon = take
+            take = None
+            if secret(word, colon):
+                found[i] = (kind, placeholder)
+            continue
+        if skip:
+            skip = False
+            continue
+        if word in _SHELL_SEPARATORS:
+            prog, login = None, False
+            continue
+        name = _program(word)
+        if name in _CURL_PROGS or name in _MYSQL_PROGS or name == "sshpass" or name in _LOGIN_PROGS:
+            prog = "curl" if name in _CURL_PROGS else "mysql" if name in _MYSQL_PROGS else \
+                "sshpass" if name == "sshpass" else "login"
+            login = False
+            continue
+        glued = word[2:] if len(word) > 2 and word[0] == "-" and word[1] != "-" else None
+        if prog == "curl":
+            if word in ("-u", "-U", "--user", "--proxy-user"):
+                take = ("url_credentials", "<credentials>", True)
+            elif word.startswith(("--user=", "--proxy-user=")) and secret(word.partition("=")[2], True):
+                found[i] = ("url_credentials", word.partition("=")[0] + "=<credentials>")
+            elif word[:2] in ("-u", "-U") and glued and secret(glued, True):
+                found[i] = ("url_credentials", word[:2] + "<credentials>")
+        elif prog == "mysql":
+            if word[:2] == "-p" and glued and secret(glued, False):
+                found[i] = ("authorization", "-p<token>")
+        elif prog == "sshpass":
+            if word in ("-f", "-d", "-P"):
+                skip = True
+            elif word == "-p":
+                take = ("authorization", "<token>", False)
+            elif word[:2] == "-p" and glued and secret(glued, False):
+                found[i] = ("authorization", "-p<token>")
+            elif not word.startswith("-"):
+                prog = None  # the command sshpass runs (its -p is a port)
+        elif prog == "login":
+            if word == "login":
+                login = True
+            elif login and word == "-p":
+                take = ("authorization", "<token>", False)
+            elif login and word[:2] == "-p" and glued:
+                value = glued[1:] if glued.startswith("=") else glued
+                if secret(value, False):
+                    found[i] = ("authorization", "-p=<token>" if glued.startswith("=") else "-p<token>")
+    return found
 
 
 class Redactor:
@@ -350,40 +612,48 @@ class Redactor:
             table[value] = f"<{kind}-{len(table) + 1}>"
         return table[value]
 
-    def _sub_value(self, regex: re.Pattern, kind: str, text: str, strength=None) -> str:
-        """Replace group ``val`` of each match by ``<token>`` (quotes kept) when it is a secret. The
-        patterns only look ahead at the value, so a value that is no secret can still be the name
-        of the next assignment (``log_server_r: X-Api-Key: …``).
+    def _sub_value(self, regex: linre.Pattern, kind: str, text: str, strength=None, value=None,
+                   placeholder: str = "<token>") -> str:
+        """Replace the value of each match by ``placeholder`` (quotes kept) when it is a secret. The
+        patterns of assignments match the name only, so a value that is no secret can still be
+        the name of the next assignment (``log_server_r: X-Api-Key: …``).
 
         ``strength(match) -> int`` says how strongly the match's name marks a secret (0: not at
-        all, the match stays); by default every match is a strong one.
+        all, the match stays); by default every match is a strong one. ``value(subject, match)``
+        gives the span of the value (``None``: there is none); by default the group ``val``.
         """
+        subj = linre.Subject(text)
         out: list[str] = []
         pos = 0
-        for m in regex.finditer(text):
+        for m in regex.finditer(subj):
             if m.start() < pos:  # inside a value replaced already
                 continue
             level = 2 if strength is None else strength(m)
             if not level:
                 continue
-            open_q, bare, close_q = _unquote(m.group("val"))
+            span = m.span("val") if value is None else value(subj, m)
+            if span is None or span[0] < 0:
+                continue
+            start, end = span
+            open_q, bare, close_q = _unquote(text[start:end])
             if _not_a_secret(bare, level) or bare.startswith("<home>"):
                 continue
+            if not open_q and end - start >= _VAL_CAP:  # judged on its start; replaced whole
+                end = _bare_value_end(subj, start, end)
             self.counts[kind] += 1
-            start, end = m.span("val")
-            out += [text[pos:start], f"{open_q}<token>{close_q}"]
+            out += [text[pos:start], f"{open_q}{placeholder}{close_q}"]
             pos = end
         if not out:
             return text
         out.append(text[pos:])
         return "".join(out)
 
-    def _redact_list(self, m: re.Match) -> str:
-        level = secret_name_strength(m.group("name"))
+    def _redact_list(self, m: linre.Match) -> str:
+        level = secret_name_strength(m.group("name")) if _quotes_pair(m) else 0
         if not level:
             return m.group(0)
 
-        def item(im: re.Match) -> str:
+        def item(im: linre.Match) -> str:
             open_q, bare, close_q = _unquote(im.group("val"))
             if _not_a_secret(bare, level):
                 return im.group(0)
@@ -398,8 +668,8 @@ class Redactor:
         if not text:
             return text
 
-        def creds(m: re.Match) -> str:
-            if _PLACEHOLDER.match(m.group("cred")):
+        def creds(m: linre.Match) -> str:
+            if _PLACEHOLDER.fullmatch(m.group("cred")):
                 return m.group(0)
             self.counts["url_credentials"] += 1
             return m.group("pre") + "<credentials>@"
@@ -407,19 +677,39 @@ class Redactor:
         text = _URL_CREDS.sub(creds, text)
         if "=" in text:
             text = self._sub_value(_URL_QUERY, "url_credentials", text, lambda m: 2 if (
-                m.group("name").lower() in _URL_QUERY_NAMES or is_secret_key(m.group("name"))) else 0)
+                m.group("name").lower() in _URL_QUERY_NAMES or is_secret_key(m.group("name"))) else 0,
+                lambda subj, m: _value_span(subj, m.end("pre"), _QUERY_VAL))
         text = self._sub_value(_AUTH_HEADER, "authorization", text)
+        text = self._sub_value(_COOKIE, "authorization", text, value=_trimmed_val)
         text = self._sub_value(_BEARER, "authorization", text,  # not "Bearer authentication"
                                lambda m: 0 if _PLAIN_WORD.fullmatch(m.group("val")) else 2)
+        if _CMD_HINT.search(text):
+            text = self._sub_value(_CURL_USER, "url_credentials", text, _curl_user_strength,
+                                   placeholder="<credentials>")
+            for regex in (_MYSQL_P, _SSHPASS_P, _LOGIN_P):
+                text = self._sub_value(regex, "authorization", text)
         if _SECRET_HINT.search(text):
             text = self._sub_value(_FLAG, "secret_flag", text, lambda m: (
-                2 if m.group("name") in ("hft", "hfrt") else secret_name_strength(m.group("name"))))
-            text = self._sub_value(_SPACE_ASSIGN, "secret_env", text, lambda m: secret_name_strength(m.group("name")))
+                2 if m.group("name") in ("hft", "hfrt") else secret_name_strength(m.group("name"))),
+                lambda subj, m: _wrapped_value(subj, m, _VAL_NO_DASH))
+            text = self._sub_value(_SPACE_ASSIGN, "secret_env", text, lambda m: secret_name_strength(m.group("name")),
+                                   lambda subj, m: _value_span(subj, m.end("pre"), _VAL_NO_DASH))
             if "[" in text:
                 text = _ASSIGN_LIST.sub(self._redact_list, text)
-            text = self._sub_value(_ASSIGN, "secret_env", text, lambda m: secret_name_strength(m.group("name")))
+            text = self._sub_value(_ASSIGN, "secret_env", text, _assign_strength,
+                                   lambda subj, m: _wrapped_value(subj, m, _VAL))
 
-        def token(m: re.Match) -> str:
+        def aws_secret(m: linre.Match) -> str:
+            if not _aws_secret(m, key_id_at):
+                return m.group(0)
+            self.counts["token"] += 1
+            return "<token>"
+
+        key_id = _AWS_KEY_ID.search(text)
+        key_id_at = key_id.start() if key_id else None
+        text = _AWS_SECRET.sub(aws_secret, text)
+
+        def token(m: linre.Match) -> str:
             value = m.group(0)
             if value.startswith("hf_") and not _looks_random(value[3:]):
                 return value
@@ -428,10 +718,9 @@ class Redactor:
 
         text = _TOKENS.sub(token, text)
         if "-----BEGIN" in text:
-            text, n = _PEM.subn("<token>", text)
-            self.counts["token"] += n
+            text = self._redact_pem(text)
 
-        def email(m: re.Match) -> str:
+        def email(m: linre.Match) -> str:
             if m.group("tld").lower() in _FILE_TLDS or m.group(0).startswith(("git@", "hg@")):
                 return m.group(0)
             self.counts["email"] += 1
@@ -439,16 +728,9 @@ class Redactor:
 
         if "@" in text:
             text = _EMAIL.sub(email, text)
+        text = self._redact_homes(text)
 
-        def home(m: re.Match) -> str:
-            if _PLACEHOLDER.match(m.group("name")) or m.group("name").startswith("<"):
-                return m.group(0)
-            self.counts["home"] += 1
-            return "<home>"
-
-        text = _HOME.sub(home, text)
-
-        def prompt(m: re.Match) -> str:
+        def prompt(m: linre.Match) -> str:
             self.counts["user"] += 1
             self.counts["host"] += 1
             return "<user>@<host>:"
@@ -456,33 +738,93 @@ class Redactor:
         if "@" in text:
             text = _PROMPT.sub(prompt, text)
 
-        def syslog(m: re.Match) -> str:
+        def syslog(m: linre.Match) -> str:
             self.counts["host"] += 1
             return m.group("pre") + "<host>"
 
         text = _SYSLOG.sub(syslog, text)
         text = self._redact_ips(text)
-        if self._user_re is not None:
-            text, n = self._user_re.subn("<user>", text)
-            self.counts["user"] += n
-        if self._host_re is not None:
-            text, n = self._host_re.subn("<host>", text)
-            self.counts["host"] += n
+        for regex, kind in ((self._user_re, "user"), (self._host_re, "host")):
+            if regex is not None:
+                text, n = _sub_words(regex, text, kind)
+                self.counts[kind] += n
+        return text
+
+    def _redact_pem(self, text: str) -> str:
+        """PEM private-key blocks: from ``-----BEGIN … PRIVATE KEY-----`` to the next ``-----END …-----``
+        (the header alone when no end follows)."""
+        subj = linre.Subject(text)
+        ends = [(m.start(), m.end()) for m in _PEM_END.finditer(subj)]
+        starts = [s for s, _e in ends]
+        out: list[str] = []
+        pos = 0
+        for m in _PEM_BEGIN.finditer(subj):
+            if m.start() < pos:
+                continue
+            i = bisect_left(starts, m.end())
+            end = ends[i][1] if i < len(ends) else m.end()
+            out += [text[pos:m.start()], "<token>"]
+            self.counts["token"] += 1
+            pos = end
+        if not out:
+            return text
+        out.append(text[pos:])
+        return "".join(out)
+
+    def _redact_homes(self, text: str) -> str:
+        """Home folders (``/home/x``, ``C:\\Users\\Carol Danvers``, ``~carol/``) become ``<home>``.
+
+        A Windows profile name may hold spaces (up to four words) when a path separator, ``>``
+        (a PowerShell prompt) or a quote follows it; a Unix one only when its spaces are escaped
+        (``/home/carol\\ danvers/``) or the path is quoted (``"/home/carol danvers/m.gguf"``): a
+        space in an unquoted Unix path separates arguments."""
+        subj = linre.Subject(text)
+        out: list[str] = []
+        pos = 0
+        for m in _HOME.finditer(subj):
+            name = m.group("name")
+            if m.start() < pos:
+                continue
+            if _PLACEHOLDER.fullmatch(name) or name.startswith("<"):
+                continue
+            end = m.end()
+            quote = text[m.start() - 1] if m.start() and text[m.start() - 1] in "\"'" else ""
+            if m.group("win") is not None or m.group("sep") != "/" or quote:
+                end = _spaced_name_end(subj, end, quote, windows=not quote or m.group("win") is not None)
+            else:
+                escaped = _HOME_ESCAPED.match(subj, end)
+                if escaped is not None:
+                    end = escaped.end()
+            self.counts["home"] += 1
+            out += [text[pos:m.start()], "<home>"]
+            pos = end
+        if out:
+            out.append(text[pos:])
+            text = "".join(out)
+        if "~" in text:
+
+            def tilde(m: linre.Match) -> str:
+                self.counts["home"] += 1
+                return "<home>"
+
+            text = _TILDE_HOME.sub(tilde, text)
         return text
 
     def _redact_ips(self, text: str) -> str:
-        def v4(m: re.Match) -> str:
+        def v4(m: linre.Match) -> str:
             ip = m.group("ip")
-            if ip in _KEEP_IPS or ip.startswith("127.") or _VERSIONISH.search(text[max(0, m.start() - 24):m.start()]):
+            if ip in _KEEP_IPS or ip.startswith("127.") or _version_before(text, m.start(), ip):
                 return ip
             # llama.cpp's log timestamps (M.SS.mmm.uuu then a level letter, kv-facts.md §1.1) and other
             # zero-padded dotted numbers are not addresses (an address has no leading zeros)
-            if _LLAMA_TS_AFTER.match(text, m.end()) or any(len(o) > 1 and o[0] == "0" for o in ip.split(".")):
+            after = text[m.end():m.end() + 3]
+            if (len(after) == 3 and after[0] == after[2] == " " and after[1] in "IWEDT") \
+                    or any(len(o) > 1 and o[0] == "0" for o in ip.split(".")):
                 return ip
             self.counts["ip"] += 1
             return self._numbered_placeholder("ip", ip)
 
-        def v6(m: re.Match) -> str:
+        def v6(m: linre.Match) -> str:
             raw = m.group("ip")
             addr = raw.split("%", 1)[0]
             if addr.count(":") < 2 or not any(c.isdigit() for c in addr):
@@ -514,7 +856,7 @@ class Redactor:
         if isinstance(value, (int, float)):
             return level >= 2
         if isinstance(value, str):
-            return not _not_a_secret(_unquote(value)[1], level) and not _PLACEHOLDER.match(value)
+            return not _not_a_secret(_unquote(value)[1], level) and not _PLACEHOLDER.fullmatch(value)
         return False
 
     def redact_obj(self, obj: Any, key: str | None = None) -> Any:
@@ -537,7 +879,14 @@ class Redactor:
         ``NAME=value`` words with a secret NAME keep only the name."""
         out: list[str] = []
         secret_next: str | None = None
-        for word in argv:
+        context = _argv_context(argv)
+        for i, word in enumerate(argv):
+            if i in context:
+                kind, replacement = context[i]
+                self.counts[kind] += 1
+                out.append(replacement)
+                secret_next = None
+                continue
             if secret_next is not None and not word.startswith("-"):
                 flag, secret_next = secret_next, None
                 if self._secret_value(flag if flag.lstrip("-") not in ("hft", "hfrt") else "--hf-token", word):
@@ -553,7 +902,7 @@ class Redactor:
                 continue
             if "=" in word and not word.startswith("-"):
                 name, _, value = word.partition("=")
-                if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) and self._secret_value(name, value):
+                if _ENV_NAME.fullmatch(name) and self._secret_value(name, value):
                     self.counts["secret_env"] += 1
                     out.append(f"{name}=<token>")
                     continue
@@ -587,11 +936,32 @@ class Redactor:
         return out
 
 
-def _words_re(words: set[str]) -> re.Pattern | None:
+def _literal(word: str) -> str:
+    """An RE2 pattern for ``word`` as linre's patterns see it (non-ASCII as its stand-in)."""
+    return "".join(c if (c.isascii() and c.isalnum()) or c == "_" else f"\\x{ord(c):02x}"
+                   for c in linre.shadow(word).decode("ascii"))
+
+
+def _words_re(words: set[str]) -> tuple[linre.Pattern, frozenset[str]] | None:
     if not words:
         return None
-    alts = "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
-    return re.compile(r"(?<![A-Za-z0-9_<-])(?:" + alts + r")(?![A-Za-z0-9_>-])")
+    alts = "|".join(_literal(w) for w in sorted(words, key=len, reverse=True))
+    return linre.compile("(?:" + alts + ")", before=r"^|[^A-Za-z0-9_<-]", after=r"$|[^A-Za-z0-9_>-]"), frozenset(words)
+
+
+def _sub_words(found: tuple[linre.Pattern, frozenset[str]], text: str, kind: str) -> tuple[str, int]:
+    """Replace the names of ``found`` (from :func:`_words_re`) in ``text`` by ``<kind>``."""
+    regex, names = found
+    n = 0
+
+    def repl(m: linre.Match) -> str:
+        nonlocal n
+        if m.group() not in names:  # the same stand-in, another non-ASCII letter
+            return m.group()
+        n += 1
+        return f"<{kind}>"
+
+    return regex.sub(repl, text), n
 
 
 def find_secrets(obj: Any, kinds: Iterable[str] | None = None) -> list[tuple[str, str]]:
@@ -619,9 +989,13 @@ def find_secrets(obj: Any, kinds: Iterable[str] | None = None) -> list[tuple[str
                 visit(v, f"{path}.{k}" if path else str(k), str(k))
         elif isinstance(value, (list, tuple)):
             inherit = key if key is not None and is_secret_key(key) else None
+            context = _argv_context(list(value)) if all(isinstance(v, str) for v in value) else {}
             prev = None
             for i, v in enumerate(value):
-                if isinstance(v, str) and isinstance(prev, str) and _is_secret_flag(prev) and not v.startswith("-") \
+                if i in context:
+                    if context[i][0] in wanted:
+                        found.append((f"{path}[{i}]", context[i][0]))
+                elif isinstance(v, str) and isinstance(prev, str) and _is_secret_flag(prev) and not v.startswith("-") \
                         and judge._secret_value("--hf-token" if prev.lstrip("-") in ("hft", "hfrt") else prev, v):
                     if "secret_flag" in wanted:
                         found.append((f"{path}[{i}]", "secret_flag"))

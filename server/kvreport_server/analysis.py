@@ -113,7 +113,10 @@ def issue_markdown(bundle: dict, diagnosis: dict, url: str | None) -> str:
         except Exception:  # noqa: BLE001
             log.exception("issue_body failed on bundle %s", bundle.get("id"))
     sig = diagnosis.get("signature") or {}
-    return f"## {sig.get('title') or 'kvreport bundle'}\n\nBundle: {url or bundle.get('id')}\n"
+    # no Markdown or HTML from the bundle, on one line (issue 13, item 8)
+    title = " ".join(str(sig.get("title") or "kvreport bundle").split())
+    title = "".join("\\" + ch if ch in "\\`*_{}[]<>()#+!|~&-" else ch for ch in title)
+    return f"## {title}\n\nBundle: {' '.join(str(url or bundle.get('id')).split())}\n"
 
 
 def issue_title(bundle: dict, diagnosis: dict) -> str:
