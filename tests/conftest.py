@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,16 @@ from tests.paths import (  # noqa: F401 - re-exported for older imports
     case_dirs,
     load_expected,
 )
+
+# Strict mode (kvreport.strict): every catch-all of the analysis core re-raises in tests, so a parser or a rule that
+# raises fails its test instead of hiding behind "never raises". Set in the environment so the CLI subprocesses the
+# tests start inherit it; a test of the user-facing fallback turns it off with monkeypatch.delenv.
+os.environ["KVREPORT_STRICT"] = "1"
+
+
+@pytest.fixture(autouse=True)
+def strict_mode(monkeypatch):
+    monkeypatch.setenv("KVREPORT_STRICT", "1")
 
 
 @pytest.fixture(scope="session")

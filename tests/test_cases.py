@@ -20,6 +20,7 @@ from kvreport import vocab
 from kvreport.analyze import analyze, analyze_text
 from kvreport.cmdline import parse_command
 from kvreport.excerpt import Excerpt
+from kvreport.logs import parse_log
 from tests.paths import case_dirs, load_expected
 
 CASES = case_dirs()
@@ -75,6 +76,10 @@ def test_case_diagnosis_shape(case):
         assert set(s) == {"id", "title", "change", "command", "expected", "why"}
     if d["failure"]["phase"] == "none":
         assert d["suggestions"] == []
+    # strict mode: no step fell back, no parser skipped a line
+    assert not [x for x in d["findings"] if x["kind"] == "analyzer_error"]
+    assert not [w for w in parse_log((case / "log.txt").read_text(errors="replace").splitlines()).warnings
+                if "skipped line" in w]
     # kvreport's own arithmetic agrees with every KV size the engine printed
     assert not [x for x in d["findings"] if x["kind"] == "kv_model_mismatch"]
     # types, units and vocabularies of design.md's diagnosis contract

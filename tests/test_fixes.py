@@ -235,7 +235,7 @@ def test_fit_below_the_training_context_is_the_fit():
     s = Situation(engine="llama.cpp", phase="kv_cache", backend="cuda", verdict="exceeds_free", failing_device="CUDA0",
                   requested_mib=16384.0, free_at_failure_mib=10817.5, kv_budget_mib=10817.5, n_ctx=262144,
                   n_ctx_train=131072, kv_mib=32768.0, cache_type_k="f16", max_ctx_fit={"f16": 86528, "q8_0": 1, "q4_0": 1},
-                  kv_at=lambda n_ctx=None, **kw: n_ctx / 8 / 1024 * 1024 / 1024)
+                  kv_at=lambda n_ctx=262144, **kw: n_ctx / 8 / 1024 * 1024 / 1024)
     top = suggest(s)[0]
     assert top["change"] == {"--ctx-size": 86528} and "the largest -c" in top["why"]
 

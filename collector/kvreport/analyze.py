@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import json
 
-from kvreport import fixes
+from kvreport import fixes, strict
 from kvreport.logs import LogFacts, parse_log
 from kvreport.logs.common import MIB, to_float, to_int
 from kvreport.signature import signature
@@ -132,6 +132,7 @@ def _parse_command(line: str | None) -> dict:
 
         return parse_command(line)
     except Exception:  # noqa: BLE001 - an unparsable command only loses its flags
+        strict.check()
         return {"line": line}
 
 
@@ -141,6 +142,7 @@ def diagnose(facts: LogFacts, bundle: dict | None = None) -> dict:
     try:
         return _Diagnosis(facts, bundle).run()
     except Exception as exc:  # noqa: BLE001 - the server must always get a diagnosis
+        strict.check()
         return _fallback(facts, repr(exc))
 
 
@@ -752,6 +754,7 @@ class _Diagnosis:
         try:
             from kvreport import kvcache
         except Exception:  # noqa: BLE001
+            strict.check()
             return None, None
         model = self.b.get("model") if isinstance(self.b.get("model"), dict) else {}
         meta = model.get("gguf") if isinstance(model.get("gguf"), dict) else None
@@ -762,11 +765,13 @@ class _Diagnosis:
 
                 from_gguf = shape_from_metadata(meta)
             except Exception:  # noqa: BLE001 - fall back to the log
+                strict.check()
                 from_gguf = None
         if self.f.hparams or self.f.gguf_kv:
             try:
                 from_log = kvcache.shape_from_hparams(self.f.hparams, self.f.gguf_kv)
             except Exception:  # noqa: BLE001
+                strict.check()
                 from_log = None
         if from_gguf is not None and from_log is not None:
             def geo(x):
@@ -1001,8 +1006,9 @@ class _Diagnosis:
             other = gate["total_mib"] - gate["free_mib"]
             self.finding("other_processes", f"{_fmt(other)} MiB of the {_fmt(gate['total_mib'])} MiB GPU were "
                          "already in use by other processes at start-up")
-        for entry in self.b.get("devices") or []:
-            if isinstance(entry, dict) and entry.get("processes"):
+        devices = self.b.get("devices") if isinstance(self.b.get("devices"), list) else []
+        for entry in devices:
+            if isinstance(entry, dict) and isinstance(entry.get("processes"), list):
                 names = ", ".join(str(p.get("name")) for p in entry["processes"][:5] if isinstance(p, dict))
                 self.finding("other_processes",
                              f"processes on {entry.get('name') or 'a device'} at collection time: {names}")

@@ -30,6 +30,7 @@ import re
 import shlex
 from typing import Any
 
+from kvreport import strict
 from kvreport.units import GIB, MIB
 
 # ---------------------------------------------------------------------------------------------
@@ -1306,11 +1307,13 @@ def parse_command(line_or_argv: str | list[str] | tuple[str, ...] | None) -> dic
     try:
         return _analyse(line_or_argv)[0]
     except Exception:  # noqa: BLE001 - the contract is "never raises"
+        strict.check()
         line = line_or_argv if isinstance(line_or_argv, str) else ""
         if isinstance(line_or_argv, (list, tuple)):
             try:
                 line = " ".join(str(a) for a in line_or_argv)
             except Exception:  # noqa: BLE001
+                strict.check()
                 line = ""
         return _empty(line, line.split())
 

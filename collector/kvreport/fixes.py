@@ -21,6 +21,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from kvreport import strict
+
 SUGGESTION_IDS = (
     # design.md's vocabulary
     "reduce-ctx", "reduce-parallel", "quantize-kv-cache", "enable-flash-attn", "reduce-gpu-layers",
@@ -158,6 +160,7 @@ def _command(s: Situation, change: dict) -> str | None:
 
         return with_changes(s.command, flag_changes)
     except Exception:  # noqa: BLE001 - a command we cannot rewrite still gets the change itself
+        strict.check()
         return None
 
 
@@ -167,6 +170,7 @@ def _kv(s: Situation, **kw) -> float | None:
     try:
         return s.kv_at(**kw)
     except Exception:  # noqa: BLE001
+        strict.check()
         return None
 
 

@@ -22,6 +22,7 @@ import re
 import tempfile
 from collections.abc import Iterable, Iterator
 
+from kvreport import strict
 from kvreport.logs import llamacpp, ollama, oom, sglang, tgi, vllm
 from kvreport.logs.common import clean_line, clean_pasted
 from kvreport.logs.facts import LogFacts
@@ -134,6 +135,7 @@ def _feed_parts(f: LogFacts, line: str, lineno: int) -> None:
             try:
                 parser.feed(f, part, lineno)
             except Exception:  # noqa: BLE001 - a parser bug must never stop the diagnosis
+                strict.check()
                 f.warnings.append(f"parser {parser.__name__} skipped line {lineno}")
 
 
@@ -157,6 +159,7 @@ def parse_log(lines: Iterable) -> LogFacts:
                 lineno, raw = n, item
             _feed_one(f, raw, lineno)
     except Exception:  # noqa: BLE001 - a broken iterator ends the pass, it does not fail it
+        strict.check()
         f.warnings.append(f"log reading stopped after line {n}")
     f.line_count = n
     f.engine = decide_engine(f)
@@ -190,6 +193,7 @@ def parse_stream(fileobj, chunk_bytes: int = 8 << 20) -> LogFacts:
         if tail:
             lineno = _scan(f, tail + b"\n", lineno)
     except Exception:  # noqa: BLE001
+        strict.check()
         f.warnings.append(f"log reading stopped after line {lineno}")
     f.line_count = lineno
     f.engine = decide_engine(f)
