@@ -1033,7 +1033,8 @@ class _Diagnosis:
             mem_limit_mib=(self.mem_limit or (None, None))[0], mem_limit_what=(self.mem_limit or (None, None))[1],
             kv_headroom_mib=getattr(self, "headroom_mib", None), kv_headroom_why=getattr(self, "headroom_why", None),
             oom_rule=(self.oom_event or {}).get("rule"), py_stage=f.py_stage or None,
-            working_set=(self.oom_event or {}).get("rule") in ("metal-status-5", "metal-iogpu-oom", "metal-nil"))
+            working_set=(self.oom_event or {}).get("rule") in ("metal-status-5", "metal-iogpu-oom", "metal-nil"),
+            device_total_mib=(f.devices.get(failure["failing_device"] or "") or {}).get("total_mib"))
 
 
 def _r2(x) -> float | None:

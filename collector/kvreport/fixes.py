@@ -108,6 +108,8 @@ class Situation:
     """A Metal command buffer failed for memory while the graph ran (the whole working set, not one buffer)."""
     py_stage: str | None = None
     """The start-up step of a Python engine in which a torch OOM was raised (kvreport.logs.oom.STAGES)."""
+    device_total_mib: float | None = None
+    """The total memory of the failing device as the log gave it (a torch OOM's "total capacity", vLLM's gate)."""
 
 
 def _mib(x: float | None) -> str:
@@ -155,9 +157,16 @@ def _command(s: Situation, change: dict) -> str | None:
     if not flag_changes:
         return None
     try:
-        from kvreport.cmdline import with_changes
+        from kvreport.cmdline import parse_command, with_changes
 
-        return with_changes(s.command, flag_changes)
+        line = with_changes(s.command, flag_changes)
+        # a rewrite the program's own grammar does not read (a flag it lacks, Python code) or that changes nothing
+        # is no command to paste: the change itself stays
+        before, after = parse_command(_command_text(s)), parse_command(line)
+        if " ".join(line.split()) == " ".join(_command_text(s).split()) \
+                or (before["flags"], before.get("env")) == (after["flags"], after.get("env")):
+            return None
+        return line
     except Exception:  # noqa: BLE001 - a command we cannot rewrite still gets the change itself
         return None
 
@@ -327,11 +336,44 @@ def _reduce_parallel(b: _Builder, rank: float) -> None:
            f"the whole context (playbook step 2).{alt}"))
 
 
+def _q8_ctx(s: Situation) -> int | None:
+    """The context to pair with a q8_0 cache so that the change fits: the current one when its q8_0 KV fits the budget
+    (or the numbers to tell are missing); else the largest that fits at q8_0 (``max_ctx_fit["q8_0"]``, or the current
+    context scaled by budget / KV when only ``kv_at`` and the budget are known), at most ``n_ctx_train`` when the current
+    context is above it; 0 when nothing fits."""
+    cur = s.n_ctx or s.n_ctx_requested
+    budget = s.kv_budget_mib if s.kv_budget_mib is not None else s.free_at_failure_mib
+    if budget is not None and budget <= 0:
+        return 0
+    fit = (s.max_ctx_fit or {}).get("q8_0")
+    if not cur:
+        return cur
+    if fit is None:
+        kv = _kv(s, cache_type="q8_0")
+        if kv is None or budget is None or kv * (s.kv_share or 1.0) <= budget:
+            return cur
+        fit = int(cur * budget / (kv * (s.kv_share or 1.0))) // 256 * 256
+        kv_fit = _kv(s, n_ctx=fit, cache_type="q8_0") if fit > 0 else None
+        if kv_fit is None or kv_fit * (s.kv_share or 1.0) > budget:
+            return 0
+    target = min(cur, fit)
+    train = s.n_ctx_train if s.n_ctx_train and s.n_ctx_train > 0 else None
+    if train and cur > train and target > train:
+        target = train
+    return target
+
+
 def _quantize(b: _Builder, rank: float) -> None:
+    """quantize-kv-cache: q8_0 K and V (flash attention on). When the q8_0 KV at the current context still exceeds the
+    budget of the failing device, the change also sets the largest context that fits at q8_0 (more than reduce-ctx
+    keeps at f16), so the suggestion works when pasted; when not even that fits, no suggestion."""
     s = b.s
     if (s.cache_type_k or "f16") not in ("f16", "f32", "bf16") and (s.cache_type_v or "f16") not in ("f16", "f32", "bf16"):
         return
-    kv_new = _kv(s, cache_type="q8_0")
+    cur = s.n_ctx or s.n_ctx_requested
+    target = _q8_ctx(s)
+    if target == 0:
+        return  # even the smallest context does not fit at q8_0: other rules apply
     if _is_ollama(s):
         change = {"OLLAMA_KV_CACHE_TYPE": "q8_0", "OLLAMA_FLASH_ATTENTION": 1}
     else:
@@ -339,16 +381,27 @@ def _quantize(b: _Builder, rank: float) -> None:
     fit = (s.max_ctx_fit or {}).get("q8_0")
     extra = f"; up to {_tok(fit)} tokens would fit at q8_0" if fit else ""
     budget = s.kv_budget_mib if s.kv_budget_mib is not None else s.free_at_failure_mib
-    if kv_new is not None and budget is not None and s.phase in ("kv_cache", "compute_buffer") \
-            and kv_new * (s.kv_share or 1.0) > budget:
-        # say so when q8_0 alone is not enough at this context (the numbers must not read as a fix)
-        extra = (f"; still more than the {_mib(budget)} MiB {s.failing_device or 'the device'} has for it at this "
-                 f"context, so combine it with a smaller context" + extra)
+    why = ("q8_0 stores 34 bytes per 32 values (1.06 B/value) against 2 for f16; a quantized V cache needs "
+           "flash attention (playbook step 3).")
+    if target and cur and target < cur:
+        change.update(_ctx_change(s, target))
+        kv_new = _kv(s, n_ctx=target, cache_type="q8_0")
+        kv_cur = _kv(s, cache_type="q8_0")
+        f16 = (s.max_ctx_fit or {}).get(_type_key(s.cache_type_k))
+        expected = (f"KV {_mib(kv_new)} MiB{_of_budget(s, budget)} at n_ctx {_tok(target)} instead of {_mib(s.kv_mib)} "
+                    f"MiB at n_ctx {_tok(cur)}" if kv_new is not None else f"context {_tok(target)} at q8_0")
+        if f16:
+            expected += f" ({_tok(f16)} tokens fit at f16)"
+        b.add(rank, "quantize-kv-cache", f"Store the KV cache as q8_0 and use {_tok(target)} tokens of context", change,
+              expected,
+              why + f" At the current context the q8_0 KV ({_mib(kv_cur)} MiB) would still not fit, so the change also "
+              f"sets {_tok(target)} tokens, the most that fits at q8_0 (a context above n_ctx_train is not offered): "
+              "together they keep more context than a smaller context alone.")
+        return
+    kv_new = _kv(s, cache_type="q8_0")
     b.add(rank, "quantize-kv-cache", "Store the KV cache as q8_0", change,
           (f"KV {_mib(kv_new)} MiB instead of {_mib(s.kv_mib)} MiB{extra}" if kv_new is not None
-           else "about half the KV bytes of f16"),
-          "q8_0 stores 34 bytes per 32 values (1.06 B/value) against 2 for f16; a quantized V cache needs "
-          "flash attention (playbook step 3).")
+           else "about half the KV bytes of f16"), why)
 
 
 def _headroom(b: _Builder, rank: float) -> None:
@@ -408,16 +461,42 @@ def _rebalance(b: _Builder, rank: float) -> None:
           "Give it a smaller --tensor-split share or move tensors off it with -ot (playbook step 5).")
 
 
+def _ub_target(s: Situation) -> tuple[int, str]:
+    """The micro-batch to suggest and the reason. A compute buffer scales about linearly with n_ubatch, so when the
+    failed buffer's size and the free memory of its device are known the -ub that fits is computed (90 % of the free
+    memory, a power of two, at most half the current); 0 when even 32 would not fit. A -ub far above llama.cpp's
+    default (>= 2048) goes back to the default 512; otherwise half the current (256 from the default)."""
+    ub = s.n_ubatch or 512
+    assumed = "" if s.n_ubatch else " (the log shows no -ub: llama.cpp's default 512 assumed)"
+    free = s.free_at_failure_mib if s.free_at_failure_mib is not None else s.free_mib
+    req = s.requested_mib
+    if s.phase == "compute_buffer" and req and free is not None and 0 < free < req:
+        raw = ub * free * 0.9 / req
+        if raw < 32:
+            return 0, ""
+        new = min(1 << int(math.log2(raw)), max(32, ub // 2))
+        return new, (f"the compute buffer scales about linearly with -ub: {_mib(req)} MiB at -ub {ub}{assumed} is about "
+                     f"{_mib(req * new / ub)} MiB at -ub {new}, within the {_mib(free)} MiB free")
+    if s.n_ubatch and s.n_ubatch >= 2048:
+        pred = f" (about {_mib(req * 512 / ub)} MiB instead of {_mib(req)} MiB)" if req else ""
+        return 512, f"-ub {ub} is far above llama.cpp's default 512; the compute buffer shrinks about in proportion{pred}"
+    new = max(64, ub // 2 if ub > 512 else 256)
+    return new, f"the compute buffer shrinks roughly in proportion to -ub ({ub} -> {new})"
+
+
 def _reduce_batch(b: _Builder, rank: float) -> None:
     s = b.s
     ub = s.n_ubatch or 512
-    new_ub = max(64, ub // 2 if ub > 512 else 256)
+    new_ub, expected = _ub_target(s)
+    if not new_ub or new_ub >= ub:
+        return  # not even a tiny batch fits: the batch is not the lever (other rules apply)
     change = {"num_batch": new_ub} if _is_ollama(s) else {"--ubatch-size": new_ub}
     if not _is_ollama(s) and s.n_batch and s.n_batch > 2048:
         change["--batch-size"] = max(new_ub, 2048)
-    b.add(rank, "reduce-batch", f"Lower the micro-batch to {new_ub}", change,
-          f"the compute buffer shrinks roughly in proportion to -ub ({ub} -> {new_ub})",
-          "Compute (graph) buffers hold activations for n_ubatch tokens at a time; -ub is their main size lever.")
+    where = " (Ollama: PARAMETER num_batch in the Modelfile or the num_batch request option)" if _is_ollama(s) else ""
+    b.add(rank, "reduce-batch", f"Lower the micro-batch to {new_ub}", change, expected,
+          "Compute (graph) buffers hold activations for n_ubatch tokens at a time; -ub is their main size lever"
+          f"{where}.")
 
 
 def _flash(b: _Builder, rank: float) -> None:
@@ -556,14 +635,28 @@ def _reduce_layers_sized(b: _Builder, rank: float) -> None:
 # ------------------------------------------------------------------ vLLM / SGLang / TGI / others: builders
 
 def _py_knobs(s: Situation) -> dict:
-    """The engine's own names for the same ideas (vLLM / SGLang) and the current values from the command or log."""
-    sg = s.engine == "sglang"
+    """The engine's own names for the same ideas (vLLM / SGLang / LMDeploy) and the current values from the command or
+    the log."""
+    sg, lmd = s.engine == "sglang", s.engine == "lmdeploy"
     v = s.vllm or {}
-    return {"sg": sg, "util": s.flags.get("mem_fraction_static" if sg else "gpu_memory_utilization"),
+    if lmd:  # TurboMind / PyTorch engine: KV = cache_max_entry_count x the free memory after the weights
+        return {"sg": False, "lmd": True, "util": s.flags.get("cache_max_entry_count"),
+                "util_flag": "--cache-max-entry-count", "len_flag": "--session-len", "seqs_flag": "--max-batch-size",
+                "batch_flag": "--max-prefill-token-num", "max_len": s.flags.get("session_len")}
+    return {"sg": sg, "lmd": False, "util": s.flags.get("mem_fraction_static" if sg else "gpu_memory_utilization"),
             "util_flag": "--mem-fraction-static" if sg else "--gpu-memory-utilization",
             "len_flag": "--context-length" if sg else "--max-model-len",
             "seqs_flag": "--max-running-requests" if sg else "--max-num-seqs",
+            "batch_flag": "--chunked-prefill-size" if sg else "--max-num-batched-tokens",
             "max_len": s.flags.get("context_length" if sg else "max_model_len") or v.get("max_model_len")}
+
+
+def _py_total_mib(s: Situation) -> float | None:
+    """The device's total memory from the log (vLLM's profiling line or gate, a torch OOM's total capacity)."""
+    v = s.vllm or {}
+    if v.get("total_gpu_gib"):
+        return float(v["total_gpu_gib"]) * 1024.0
+    return ((v.get("gate") or {}).get("total_mib")) or s.device_total_mib
 
 
 def _py_lower_util_gate(b: _Builder, rank: float) -> None:
@@ -574,6 +667,8 @@ def _py_lower_util_gate(b: _Builder, rank: float) -> None:
     if not (gate.get("free_mib") and gate.get("total_mib")):
         return
     new_util = math.floor((gate["free_mib"] / gate["total_mib"] - 0.02) * 100) / 100
+    if new_util <= 0 or new_util * gate["total_mib"] < 1024:
+        return  # under 1 GiB of budget no model starts: freeing memory is the fix
     b.add(rank, "lower-gpu-memory-utilization", f"Lower {util_flag} to {new_util}", {util_flag: new_util},
           f"{_mib(gate['total_mib'] * new_util)} MiB budget of {_mib(gate['free_mib'])} MiB free",
           "vLLM refuses to start when the device has less free memory than utilization x total; a lower "
@@ -582,19 +677,42 @@ def _py_lower_util_gate(b: _Builder, rank: float) -> None:
 
 def _py_cur_util(s: Situation):
     k = _py_knobs(s)
-    # vLLM's default is 0.9; SGLang computes its own when unset, so without the value there is no number
-    return k["util"] if isinstance(k["util"], (int, float)) else (0.9 if not k["sg"] else None)
+    if isinstance(k["util"], (int, float)):
+        return k["util"]
+    gate = ((s.vllm or {}).get("gate") or {}).get("utilization") if not k["sg"] else (s.sglang or {}).get(
+        "mem_fraction_static")
+    if isinstance(gate, (int, float)):
+        return gate
+    # vLLM's default is 0.9 and LMDeploy's 0.8; SGLang computes its own when unset, so without the value no number
+    return 0.8 if k["lmd"] else (0.9 if not k["sg"] else None)
 
 
-def _py_raise_util_change(s: Situation) -> dict:
+def _py_raise_util_change(s: Situation) -> dict | None:
+    """The raised fraction: computed when the log gives the KV needed, the pool and the device total (the pool grows
+    by the added fraction x total), else 0.05 more; None when the current value is already at 0.95 or the computed one
+    would be above it (raising cannot close the gap: no suggestion predicted to fail)."""
     cur = _py_cur_util(s)
-    return {_py_knobs(s)["util_flag"]: round(min(0.95, cur + 0.05), 2)} if cur else {}
+    if not cur:
+        return {}
+    v = s.vllm or {}
+    total = _py_total_mib(s)
+    new = round(min(0.95, cur + 0.05), 2)
+    if v.get("kv_needed_mib") and v.get("available_kv_mib") is not None and v["available_kv_mib"] > 0 and total:
+        new = math.ceil((cur + (v["kv_needed_mib"] - v["available_kv_mib"]) / total + 0.01) * 100) / 100
+        if new > 0.95:
+            return None
+    if new <= cur:
+        return None
+    return {_py_knobs(s)["util_flag"]: new}
 
 
 def _py_raise_util_negative(b: _Builder, rank: float) -> None:
     s = b.s
     avail = (s.vllm or {}).get("available_kv_mib")
-    b.add(rank, "raise-gpu-memory-utilization", f"Raise {_py_knobs(s)['util_flag']}", _py_raise_util_change(s),
+    change = _py_raise_util_change(s)
+    if change is None:
+        return
+    b.add(rank, "raise-gpu-memory-utilization", f"Raise {_py_knobs(s)['util_flag']}", change,
           f"the KV pool was {_mib(avail)} MiB: weights and activations used the whole budget",
           "The KV pool is what is left of utilization x total after weights and the profiled peak; "
           "with nothing left, only a larger budget (or smaller weights / more GPUs) helps.")
@@ -613,6 +731,9 @@ def _py_pool_target(s: Situation, max_len) -> int | None:
     target = v.get("estimated_max_len")
     if not target and v.get("pool_tokens"):
         target = int(v["pool_tokens"]) // 256 * 256
+    if not target and v.get("kv_needed_mib") and v.get("available_kv_mib") and max_len and v["available_kv_mib"] > 0:
+        # the KV one request needs is linear in its length: the longest that fits the pool the log printed
+        target = int(float(max_len) * v["available_kv_mib"] / v["kv_needed_mib"]) // 256 * 256 or None
     if not target and s.requested_mib and s.free_mib and max_len:
         seqs = s.flags.get("max_num_seqs") or 1
         per_tok = s.requested_mib / (float(max_len) * float(seqs))
@@ -638,13 +759,21 @@ def _py_reduce_max_len(b: _Builder, rank: float) -> None:
 def _py_raise_util(b: _Builder, rank: float) -> None:
     s = b.s
     k = _py_knobs(s)
+    change = _py_raise_util_change(s)
+    if change is None:
+        return  # already at 0.95 (or the gap needs more): a smaller maximum length or fp8 KV instead
+    title = f"Raise {k['util_flag']}" + (f" to {change[k['util_flag']]}" if change else "")
     if k["sg"]:
-        b.add(rank, "raise-gpu-memory-utilization", f"Raise {k['util_flag']}", _py_raise_util_change(s),
-              "a larger static pool for KV tokens",
+        b.add(rank, "raise-gpu-memory-utilization", title, change, "a larger static pool for KV tokens",
               "SGLang sizes its token pool from --mem-fraction-static; the error asks for a larger fraction.")
     else:
-        b.add(rank, "raise-gpu-memory-utilization", f"Raise {k['util_flag']}", _py_raise_util_change(s),
-              "a larger KV pool from the same GPU", "The KV pool is utilization x total minus weights and activations.")
+        v = s.vllm or {}
+        computed = bool(v.get("kv_needed_mib") and _py_total_mib(s))
+        b.add(rank, "raise-gpu-memory-utilization", title, change,
+              (f"the pool grows by {_mib(v['kv_needed_mib'] - v['available_kv_mib'])} MiB to the "
+               f"{_mib(v['kv_needed_mib'])} MiB one full-length request needs" if computed
+               else "a larger KV pool from the same GPU"),
+              "The KV pool is utilization x total minus weights and activations.")
 
 
 def _py_one_seq(b: _Builder, rank: float) -> None:
@@ -657,8 +786,31 @@ def _py_one_seq(b: _Builder, rank: float) -> None:
 
 
 def _py_fp8(b: _Builder, rank: float) -> None:
+    """fp8 KV halves the bytes per token (of a bf16/fp16 cache). When the log gives the KV one full-length request
+    needs and the pool, and half of it still exceeds the pool, the change also sets the maximum length that fits at
+    fp8 (twice the longest that fits now); when that is not below the current maximum, no suggestion."""
+    s = b.s
+    k = _py_knobs(s)
+    v = s.vllm or {}
+    if k["lmd"]:
+        return  # LMDeploy quantizes its KV with --quant-policy (4 / 8), not a dtype flag
+    need, avail, max_len = v.get("kv_needed_mib"), v.get("available_kv_mib"), k["max_len"]
+    if need and avail is not None and need / 2 > avail:
+        cur_fit = v.get("estimated_max_len") or (int(float(max_len) * avail / need) if max_len and avail > 0 else 0)
+        new_len = (2 * int(cur_fit)) // 256 * 256
+        if not max_len or new_len <= 0 or new_len >= int(max_len) or not k["len_flag"]:
+            return
+        b.add(rank, "quantize-kv-cache", f"Store the KV cache as fp8 with {k['len_flag']} {new_len}",
+              {"--kv-cache-dtype": "fp8", k["len_flag"]: new_len},
+              f"one request of {new_len} tokens at fp8 needs about the {_mib(avail)} MiB pool ({_mib(need / 2)} MiB "
+              f"for {max_len} tokens at fp8, still more than the pool)",
+              "fp8 KV halves the bytes per token, so the pool holds twice the tokens; at the current maximum length "
+              "half the KV still does not fit, so the change also sets the longest request that does.")
+        return
     b.add(rank, "quantize-kv-cache", "Store the KV cache as fp8", {"--kv-cache-dtype": "fp8"},
-          "half the KV bytes of bf16", "fp8 KV halves the bytes per token.")
+          "half the KV bytes of bf16" + (f": {_mib(need / 2)} MiB for one full-length request, within the "
+                                          f"{_mib(avail)} MiB pool" if need and avail is not None else ""),
+          "fp8 KV halves the bytes per token.")
 
 
 def _py_prefill_batch(b: _Builder, rank: float) -> None:
@@ -687,21 +839,36 @@ def _py_act_max_len(b: _Builder, rank: float) -> None:
 
 
 def _py_act_batch(b: _Builder, rank: float) -> None:
-    batch_flag = "--chunked-prefill-size" if b.s.engine == "sglang" else "--max-num-batched-tokens"
+    batch_flag = _py_knobs(b.s)["batch_flag"]
     b.add(rank, "reduce-batch", f"Lower {batch_flag} to 2048", {batch_flag: 2048}, "a smaller activation peak per step",
           "Activations grow with the tokens processed in one step; graph capture also reserves memory per batch size "
           "(--enforce-eager / --cuda-graph-max-bs shrink that).")
 
 
 def _py_act_lower_util(b: _Builder, rank: float) -> None:
+    """Leave more memory outside the KV pool: when the torch OOM gives the request, the free memory and the device's
+    total, the fraction drops by the missing share of the total (plus 0.01), at least 0.05; else 0.05 (LMDeploy:
+    --cache-max-entry-count 0.5, its documented first step). Below 0.3 the pool would be too small to be a fix."""
     s = b.s
-    util_flag = _py_knobs(s)["util_flag"]
+    k = _py_knobs(s)
+    util_flag = k["util_flag"]
     cur = _py_cur_util(s)
     if not cur:
         return
     new = round(max(0.5, cur - 0.05), 2)
+    total = _py_total_mib(s)
+    gap = (s.requested_mib - s.free_mib) if s.requested_mib is not None and s.free_mib is not None else None
+    computed = ""
+    if k["lmd"]:
+        new = 0.5 if cur > 0.5 else round(cur / 2, 2)
+    elif gap and gap > 0 and total:
+        new = min(round(cur - 0.05, 2), math.floor((cur - gap / total - 0.01) * 100) / 100)
+        computed = (f": {_mib(gap)} MiB more than was free is {gap / total:.1%} of the {_mib(total)} MiB device, "
+                    "plus 1 % headroom")
+    if new < 0.3 or new >= cur:
+        return
     b.add(rank, "lower-gpu-memory-utilization", f"Lower {util_flag} to {new}", {util_flag: new},
-          f"{round((cur - new) * 100)} % of the GPU more outside the KV pool for activations and graphs",
+          f"{round((cur - new) * 100)} % of the GPU more outside the KV pool for activations and graphs{computed}",
           "The KV pool takes utilization x total; what torch needs beyond it must fit in the rest.")
 
 
