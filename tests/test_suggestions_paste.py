@@ -188,3 +188,45 @@ def test_every_suggestion_works_when_pasted(case, monkeypatch):
         return
     bad = {sug["id"]: p for sug in d["suggestions"] if (p := _problems(sug, s, cmd))}
     assert not bad, bad
+
+
+# ---------------------------------------------------------------- the computed values, on situations of known shape
+
+def test_ub_is_computed_to_fit_the_free_memory():
+    s = fixes.Situation(engine="llama.cpp", phase="compute_buffer", backend="cuda", failing_device="CUDA0",
+                        verdict="exceeds_free", requested_mib=40960.0, free_mib=3000.0, free_at_failure_mib=3000.0,
+                        n_ubatch=8192, n_batch=8192)
+    top = next(x for x in fixes.suggest(s) if x["id"] == "reduce-batch")
+    # 8192 x 3000 x 0.9 / 40960 = 540 -> 512 (a power of two): ~2,560 MiB, within 3,000 MiB; not merely halved
+    assert top["change"] == {"--ubatch-size": 512, "--batch-size": 2048}
+    assert "2,560 MiB at -ub 512" in top["expected"]
+
+
+def test_q8_0_that_still_does_not_fit_comes_with_the_context_that_does():
+    s = fixes.Situation(engine="llama.cpp", phase="kv_cache", backend="cuda", failing_device="CUDA0",
+                        verdict="exceeds_free", n_ctx=131072, kv_mib=16384.0, kv_budget_mib=6000.0,
+                        cache_type_k="f16", cache_type_v="f16", max_ctx_fit={"f16": 47872, "q8_0": 90112, "q4_0": 1},
+                        kv_at=lambda n_ctx=None, cache_type=None, **kw: (n_ctx or 131072) / 8 * (
+                            0.53 if cache_type == "q8_0" else 1.0) / 1024 * 1024 / 1024)
+    q = next(x for x in fixes.suggest(s) if x["id"] == "quantize-kv-cache")
+    assert q["change"]["--ctx-size"] == 90112 and q["change"]["--cache-type-v"] == "q8_0"
+    assert "47,872 tokens fit at f16" in q["expected"]
+
+
+def test_no_raise_of_a_utilization_already_at_095_and_no_negative_gate_value():
+    s = fixes.Situation(engine="vllm", phase="kv_capacity", flags={"gpu_memory_utilization": 0.95},
+                        vllm={"max_model_len": 262144, "kv_needed_mib": 63488.0, "available_kv_mib": 56985.6})
+    out = fixes.suggest(s)
+    assert "raise-gpu-memory-utilization" not in [x["id"] for x in out]
+    assert out[0]["change"] == {"--max-model-len": 235264}  # 262144 x 56985.6 / 63488, a multiple of 256
+    gate = fixes.Situation(engine="vllm", phase="memory_budget", verdict="exceeds_free", requested_mib=21719.0,
+                           free_mib=225.0, vllm={"gate": {"free_mib": 225.0, "total_mib": 31027.0, "utilization": 0.7}})
+    assert [x["id"] for x in fixes.suggest(gate)] == ["free-device-memory"]
+
+
+def test_activation_oom_lowers_the_utilization_by_the_computed_gap():
+    s = fixes.Situation(engine="vllm", phase="compute_buffer", verdict="exceeds_free", requested_mib=4096.0,
+                        free_mib=1024.0, device_total_mib=24576.0, has_memory_event=True)
+    low = next(x for x in fixes.suggest(s) if x["id"] == "lower-gpu-memory-utilization")
+    # 0.9 - 3072 / 24576 - 0.01 = 0.765 -> 0.76
+    assert low["change"] == {"--gpu-memory-utilization": 0.76}

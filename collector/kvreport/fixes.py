@@ -267,7 +267,8 @@ def _reduce_ctx(b: _Builder, rank: float) -> None:
         expected += f"; up to {_tok(fit)} tokens would fit"
     b.add(rank, "reduce-ctx", f"Lower the context to {target} tokens", _ctx_change(s, target), expected,
           f"The KV cache grows linearly with the context; {_tok(target)} is {why_num}. The number after -c is tokens, "
-          "not bytes, and the model's advertised maximum is not a promise that it fits (playbook step 1).")
+          "not bytes, and the model's advertised maximum is not a promise that it fits (playbook step 1)."
+          + (" For one model: PARAMETER num_ctx in the Modelfile or the num_ctx request option." if _is_ollama(s) else ""))
 
 
 def _tok(n: int | None) -> str:
