@@ -1105,7 +1105,8 @@ class _Diagnosis:
             kv_headroom_mib=getattr(self, "headroom_mib", None), kv_headroom_why=getattr(self, "headroom_why", None),
             oom_rule=(self.oom_event or {}).get("rule"), py_stage=f.py_stage or None,
             kv_examples_fit=self._examples_fit() if self.summary and size is None else [],
-            working_set=(self.oom_event or {}).get("rule") in ("metal-status-5", "metal-iogpu-oom", "metal-nil"))
+            working_set=(self.oom_event or {}).get("rule") in ("metal-status-5", "metal-iogpu-oom", "metal-nil"),
+            device_total_mib=(f.devices.get(failure["failing_device"] or "") or {}).get("total_mib"))
 
 
 def _r2(x) -> float | None:

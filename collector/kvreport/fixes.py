@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvreport import strict
@@ -112,6 +113,8 @@ class Situation:
     kv_examples_fit: list = field(default_factory=list)
     """Without the model: (example shape, largest context in tokens whose f16 KV fits the budget) for the
     well-known shapes of kvreport.analyze.KV_EXAMPLES, shown as examples, never as the user's model."""
+    device_total_mib: float | None = None
+    """The total memory of the failing device as the log gave it (a torch OOM's "total capacity", vLLM's gate)."""
 
 
 def _mib(x: float | None) -> str:
@@ -132,21 +135,24 @@ def _dev_index(name: str | None) -> int | None:
 
 
 class _Builder:
+    """Collects suggestions; for an id given more than once the BEST (lowest) rank wins, with the text of the rule
+    that gave it. Ties keep the order in which the rules were applied."""
+
     def __init__(self, s: Situation):
         self.s = s
-        self.items: list[tuple[float, dict]] = []
-        self.seen: set[str] = set()
+        self.items: dict[str, tuple[float, int, dict]] = {}
+        self.n = 0
 
     def add(self, rank: float, sid: str, title: str, change: dict, expected: str, why: str) -> None:
-        if sid in self.seen:
+        self.n += 1
+        old = self.items.get(sid)
+        if old is not None and old[0] <= rank:
             return
-        self.seen.add(sid)
-        self.items.append((rank, {"id": sid, "title": title, "change": change,
-                                  "command": _command(self.s, change), "expected": expected, "why": why}))
+        self.items[sid] = (rank, self.n, {"id": sid, "title": title, "change": change,
+                                          "command": _command(self.s, change), "expected": expected, "why": why})
 
     def result(self, limit: int) -> list[dict]:
-        self.items.sort(key=lambda t: t[0])
-        return [d for _r, d in self.items[:limit]]
+        return [d for _r, _n, d in sorted(self.items.values(), key=lambda t: (t[0], t[1]))[:limit]]
 
 
 def _command(s: Situation, change: dict) -> str | None:
@@ -156,9 +162,16 @@ def _command(s: Situation, change: dict) -> str | None:
     if not flag_changes:
         return None
     try:
-        from kvreport.cmdline import with_changes
+        from kvreport.cmdline import parse_command, with_changes
 
-        return with_changes(s.command, flag_changes)
+        line = with_changes(s.command, flag_changes)
+        # a rewrite the program's own grammar does not read (a flag it lacks, Python code) or that changes nothing
+        # is no command to paste: the change itself stays
+        before, after = parse_command(_command_text(s)), parse_command(line)
+        if " ".join(line.split()) == " ".join(_command_text(s).split()) \
+                or (before["flags"], before.get("env")) == (after["flags"], after.get("env")):
+            return None
+        return line
     except Exception:  # noqa: BLE001 - a command we cannot rewrite still gets the change itself
         strict.check()
         return None
@@ -269,7 +282,8 @@ def _reduce_ctx(b: _Builder, rank: float) -> None:
         expected += f"; up to {_tok(fit)} tokens would fit"
     b.add(rank, "reduce-ctx", f"Lower the context to {target} tokens", _ctx_change(s, target), expected,
           f"The KV cache grows linearly with the context; {_tok(target)} is {why_num}. The number after -c is tokens, "
-          "not bytes, and the model's advertised maximum is not a promise that it fits (playbook step 1).")
+          "not bytes, and the model's advertised maximum is not a promise that it fits (playbook step 1)."
+          + (" For one model: PARAMETER num_ctx in the Modelfile or the num_ctx request option." if _is_ollama(s) else ""))
 
 
 def _tok(n: int | None) -> str:
@@ -338,11 +352,44 @@ def _reduce_parallel(b: _Builder, rank: float) -> None:
            f"the whole context (playbook step 2).{alt}"))
 
 
+def _q8_ctx(s: Situation) -> int | None:
+    """The context to pair with a q8_0 cache so that the change fits: the current one when its q8_0 KV fits the budget
+    (or the numbers to tell are missing); else the largest that fits at q8_0 (``max_ctx_fit["q8_0"]``, or the current
+    context scaled by budget / KV when only ``kv_at`` and the budget are known), at most ``n_ctx_train`` when the current
+    context is above it; 0 when nothing fits."""
+    cur = s.n_ctx or s.n_ctx_requested
+    budget = s.kv_budget_mib if s.kv_budget_mib is not None else s.free_at_failure_mib
+    if budget is not None and budget <= 0:
+        return 0
+    fit = (s.max_ctx_fit or {}).get("q8_0")
+    if not cur:
+        return cur
+    if fit is None:
+        kv = _kv(s, cache_type="q8_0")
+        if kv is None or budget is None or kv * (s.kv_share or 1.0) <= budget:
+            return cur
+        fit = int(cur * budget / (kv * (s.kv_share or 1.0))) // 256 * 256
+        kv_fit = _kv(s, n_ctx=fit, cache_type="q8_0") if fit > 0 else None
+        if kv_fit is None or kv_fit * (s.kv_share or 1.0) > budget:
+            return 0
+    target = min(cur, fit)
+    train = s.n_ctx_train if s.n_ctx_train and s.n_ctx_train > 0 else None
+    if train and cur > train and target > train:
+        target = train
+    return target
+
+
 def _quantize(b: _Builder, rank: float) -> None:
+    """quantize-kv-cache: q8_0 K and V (flash attention on). When the q8_0 KV at the current context still exceeds the
+    budget of the failing device, the change also sets the largest context that fits at q8_0 (more than reduce-ctx
+    keeps at f16), so the suggestion works when pasted; when not even that fits, no suggestion."""
     s = b.s
     if (s.cache_type_k or "f16") not in ("f16", "f32", "bf16") and (s.cache_type_v or "f16") not in ("f16", "f32", "bf16"):
         return
-    kv_new = _kv(s, cache_type="q8_0")
+    cur = s.n_ctx or s.n_ctx_requested
+    target = _q8_ctx(s)
+    if target == 0:
+        return  # even the smallest context does not fit at q8_0: other rules apply
     if _is_ollama(s):
         change = {"OLLAMA_KV_CACHE_TYPE": "q8_0", "OLLAMA_FLASH_ATTENTION": 1}
     else:
@@ -350,16 +397,27 @@ def _quantize(b: _Builder, rank: float) -> None:
     fit = (s.max_ctx_fit or {}).get("q8_0")
     extra = f"; up to {_tok(fit)} tokens would fit at q8_0" if fit else ""
     budget = s.kv_budget_mib if s.kv_budget_mib is not None else s.free_at_failure_mib
-    if kv_new is not None and budget is not None and s.phase in ("kv_cache", "compute_buffer") \
-            and kv_new * (s.kv_share or 1.0) > budget:
-        # say so when q8_0 alone is not enough at this context (the numbers must not read as a fix)
-        extra = (f"; still more than the {_mib(budget)} MiB {s.failing_device or 'the device'} has for it at this "
-                 f"context, so combine it with a smaller context" + extra)
+    why = ("q8_0 stores 34 bytes per 32 values (1.06 B/value) against 2 for f16; a quantized V cache needs "
+           "flash attention (playbook step 3).")
+    if target and cur and target < cur:
+        change.update(_ctx_change(s, target))
+        kv_new = _kv(s, n_ctx=target, cache_type="q8_0")
+        kv_cur = _kv(s, cache_type="q8_0")
+        f16 = (s.max_ctx_fit or {}).get(_type_key(s.cache_type_k))
+        expected = (f"KV {_mib(kv_new)} MiB{_of_budget(s, budget)} at n_ctx {_tok(target)} instead of {_mib(s.kv_mib)} "
+                    f"MiB at n_ctx {_tok(cur)}" if kv_new is not None else f"context {_tok(target)} at q8_0")
+        if f16:
+            expected += f" ({_tok(f16)} tokens fit at f16)"
+        b.add(rank, "quantize-kv-cache", f"Store the KV cache as q8_0 and use {_tok(target)} tokens of context", change,
+              expected,
+              why + f" At the current context the q8_0 KV ({_mib(kv_cur)} MiB) would still not fit, so the change also "
+              f"sets {_tok(target)} tokens, the most that fits at q8_0 (a context above n_ctx_train is not offered): "
+              "together they keep more context than a smaller context alone.")
+        return
+    kv_new = _kv(s, cache_type="q8_0")
     b.add(rank, "quantize-kv-cache", "Store the KV cache as q8_0", change,
           (f"KV {_mib(kv_new)} MiB instead of {_mib(s.kv_mib)} MiB{extra}" if kv_new is not None
-           else "about half the KV bytes of f16"),
-          "q8_0 stores 34 bytes per 32 values (1.06 B/value) against 2 for f16; a quantized V cache needs "
-          "flash attention (playbook step 3).")
+           else "about half the KV bytes of f16"), why)
 
 
 def _headroom(b: _Builder, rank: float) -> None:
@@ -419,16 +477,42 @@ def _rebalance(b: _Builder, rank: float) -> None:
           "Give it a smaller --tensor-split share or move tensors off it with -ot (playbook step 5).")
 
 
+def _ub_target(s: Situation) -> tuple[int, str]:
+    """The micro-batch to suggest and the reason. A compute buffer scales about linearly with n_ubatch, so when the
+    failed buffer's size and the free memory of its device are known the -ub that fits is computed (90 % of the free
+    memory, a power of two, at most half the current); 0 when even 32 would not fit. A -ub far above llama.cpp's
+    default (>= 2048) goes back to the default 512; otherwise half the current (256 from the default)."""
+    ub = s.n_ubatch or 512
+    assumed = "" if s.n_ubatch else " (the log shows no -ub: llama.cpp's default 512 assumed)"
+    free = s.free_at_failure_mib if s.free_at_failure_mib is not None else s.free_mib
+    req = s.requested_mib
+    if s.phase == "compute_buffer" and req and free is not None and 0 < free < req:
+        raw = ub * free * 0.9 / req
+        if raw < 32:
+            return 0, ""
+        new = min(1 << int(math.log2(raw)), max(32, ub // 2))
+        return new, (f"the compute buffer scales about linearly with -ub: {_mib(req)} MiB at -ub {ub}{assumed} is about "
+                     f"{_mib(req * new / ub)} MiB at -ub {new}, within the {_mib(free)} MiB free")
+    if s.n_ubatch and s.n_ubatch >= 2048:
+        pred = f" (about {_mib(req * 512 / ub)} MiB instead of {_mib(req)} MiB)" if req else ""
+        return 512, f"-ub {ub} is far above llama.cpp's default 512; the compute buffer shrinks about in proportion{pred}"
+    new = max(64, ub // 2 if ub > 512 else 256)
+    return new, f"the compute buffer shrinks roughly in proportion to -ub ({ub} -> {new})"
+
+
 def _reduce_batch(b: _Builder, rank: float) -> None:
     s = b.s
     ub = s.n_ubatch or 512
-    new_ub = max(64, ub // 2 if ub > 512 else 256)
+    new_ub, expected = _ub_target(s)
+    if not new_ub or new_ub >= ub:
+        return  # not even a tiny batch fits: the batch is not the lever (other rules apply)
     change = {"num_batch": new_ub} if _is_ollama(s) else {"--ubatch-size": new_ub}
     if not _is_ollama(s) and s.n_batch and s.n_batch > 2048:
         change["--batch-size"] = max(new_ub, 2048)
-    b.add(rank, "reduce-batch", f"Lower the micro-batch to {new_ub}", change,
-          f"the compute buffer shrinks roughly in proportion to -ub ({ub} -> {new_ub})",
-          "Compute (graph) buffers hold activations for n_ubatch tokens at a time; -ub is their main size lever.")
+    where = " (Ollama: PARAMETER num_batch in the Modelfile or the num_batch request option)" if _is_ollama(s) else ""
+    b.add(rank, "reduce-batch", f"Lower the micro-batch to {new_ub}", change, expected,
+          "Compute (graph) buffers hold activations for n_ubatch tokens at a time; -ub is their main size lever"
+          f"{where}.")
 
 
 def _flash(b: _Builder, rank: float) -> None:
@@ -551,231 +635,611 @@ def _smaller_model(b: _Builder, rank: float) -> None:
           "weights shrink with the quantization (e.g. Q4_K_M is about 60 % of Q8_0)", why)
 
 
-def _llama_rules(b: _Builder) -> None:
+def _drop_swa_full(b: _Builder, rank: float) -> None:
     s = b.s
-    host_cap = _host_cap_failure(s)
-    if host_cap and (s.phase in ("kv_cache", "context", "compute_buffer", "model_weights")
-                     or (s.phase == "unknown" and s.has_memory_event)):
-        _raise_memory_limit(b, -1)
-    if s.phase in ("kv_cache", "context"):
-        inflated = (s.n_seq or 1) > 1 and s.kv_unified is False and s.n_ctx and s.n_ctx_requested \
-            and s.n_ctx > s.n_ctx_requested * 1.25
-        if s.swa_full:
-            kv_new = _kv(s, swa_full=False)
-            b.add(0, "disable-swa-full", "Drop --swa-full", {"--swa-full": None},
-                  f"KV {_mib(kv_new)} MiB instead of {_mib(s.kv_mib)} MiB" if kv_new else "the SWA layers keep only their window",
-                  "--swa-full gives sliding-window layers a full-length cache; without it they keep n_swa + n_ubatch cells.")
-        if inflated:
-            _reduce_parallel(b, 0.5)
-        if _is_ollama(s) and s.n_gpu_layers_log and s.phase == "context":
-            # Ollama's layout step names the layer count it could not place ("with num_gpu = N")
-            _reduce_layers(b, 0.7)
-        _reduce_ctx(b, 1)
-        if not inflated and s.kv_unified is False and (s.n_seq or 1) > 1:
-            _reduce_parallel(b, 2)
-        _quantize(b, 3)
-        if s.verdict == "fits_but_failed" and not host_cap:
-            _bisect(b, 2.5)
-        _headroom(b, 4)
-        _rebalance(b, 5)
-        if not host_cap:
-            _free_memory(b, 6)
-    elif s.phase == "compute_buffer" and s.working_set:
-        # Metal: a command buffer ran out while the graph ran (weights + KV + compute over the working set): shrink
-        # the biggest part the numbers show, the context when it is large, else the layers on the GPU
-        big_ctx = (s.n_ctx or 0) >= 8192 or (s.kv_mib or 0) >= 1024
-        _reduce_ctx(b, 0 if big_ctx else 1)
-        _reduce_layers(b, 1 if big_ctx else 0)
-        _smaller_model(b, 2)
-        _reduce_batch(b, 3)
-    elif s.phase == "compute_buffer":
-        idx = _dev_index(s.failing_device)
-        if (s.alloc_limit or s.verdict == "exceeds_alloc_limit") and not host_cap and s.oom_rule != "ggml-pool":
-            _alloc_limit(b, 0)
-            _reduce_batch(b, 1)
-            _reduce_ctx(b, 2)
-        if s.kv_update:
-            _reduce_ctx(b, 0)
-        if _is_ollama(s):
-            _reduce_layers(b, 0.5)
-        if idx and idx > 0 and s.backend != "cpu":
-            _rebalance(b, 0.7)
-        _reduce_batch(b, 1)
-        _flash(b, 1.5)
-        _reduce_ctx(b, 2)
-        if s.backend not in ("cpu",):
-            _reduce_layers(b, 3)
-        if s.verdict == "fits_but_failed" and not host_cap:
-            _bisect(b, 4)
-        if not host_cap:
-            _free_memory(b, 5)
-    elif s.phase == "model_weights":
-        if s.backend not in ("cpu", "unknown") and not (s.failing_device or "").endswith("_Host"):
-            _reduce_layers(b, 0, s.requested_mib)
-            _rebalance(b, 2)
-        _smaller_model(b, 1)
-        if not host_cap:
-            _free_memory(b, 3)
-    elif s.phase == "memory_budget":
-        # Ollama's check before it starts a runner: the model (weights + KV + graph) does not fit the free memory. A
-        # small gap is closed by a smaller context; a model several times the free memory needs a smaller model.
-        near = s.requested_mib is not None and s.free_mib and s.requested_mib <= 1.5 * s.free_mib
-        _smaller_model(b, 1 if near else 0)
-        _reduce_ctx(b, 0 if near else 1)
-        _free_memory(b, 2)
-    elif s.phase == "kv_capacity":
-        # the KV cache is full at run time (no slot for the batch): each parallel slot holds n_ctx / n_parallel
-        _reduce_parallel(b, 0)
-        _reduce_batch(b, 1)
-    elif s.phase == "unknown" and s.has_memory_event and (s.n_ctx or 0) >= 32768:
-        _reduce_ctx(b, 0)
-        _quantize(b, 1)
-        if s.backend not in ("cpu", "unknown"):
-            _reduce_layers(b, 2, s.requested_mib)
-        _free_memory(b, 5)
-    elif s.phase == "unknown" and s.has_memory_event:
-        if (s.n_ubatch or 0) >= 2048:
-            _reduce_batch(b, 0)
-            if s.backend == "vulkan":
-                _alloc_limit(b, 1)
-            _reduce_ctx(b, 2)
-        else:
-            if s.backend not in ("cpu",):
-                _reduce_layers(b, 0, s.requested_mib)
-            _reduce_ctx(b, 1)
-            if s.backend == "vulkan":
-                _alloc_limit(b, 2)
-        _free_memory(b, 5)
+    kv_new = _kv(s, swa_full=False)
+    b.add(rank, "disable-swa-full", "Drop --swa-full", {"--swa-full": None},
+          f"KV {_mib(kv_new)} MiB instead of {_mib(s.kv_mib)} MiB" if kv_new else "the SWA layers keep only their window",
+          "--swa-full gives sliding-window layers a full-length cache; without it they keep n_swa + n_ubatch cells.")
 
 
-# ------------------------------------------------------------------ vLLM / SGLang / TGI / others
+def _reduce_layers_sized(b: _Builder, rank: float) -> None:
+    """reduce-gpu-layers sized by the failed request against the free memory when no layer count is known."""
+    _reduce_layers(b, rank, b.s.requested_mib)
 
-def _py_engine_rules(b: _Builder) -> None:
-    s = b.s
+
+# ------------------------------------------------------------------ vLLM / SGLang / TGI / others: builders
+
+def _py_knobs(s: Situation) -> dict:
+    """The engine's own names for the same ideas (vLLM / SGLang / LMDeploy) and the current values from the command or
+    the log."""
+    sg, lmd = s.engine == "sglang", s.engine == "lmdeploy"
     v = s.vllm or {}
-    sg = s.engine == "sglang"
-    util = s.flags.get("mem_fraction_static" if sg else "gpu_memory_utilization")
-    util_flag = "--mem-fraction-static" if sg else "--gpu-memory-utilization"
-    len_flag = "--context-length" if sg else "--max-model-len"
-    seqs_flag = "--max-running-requests" if sg else "--max-num-seqs"
-    max_len = s.flags.get("context_length" if sg else "max_model_len") or v.get("max_model_len")
-    if s.phase == "memory_budget":
-        gate = v.get("gate") or {}
-        _free_memory(b, 0)
-        if gate.get("free_mib") and gate.get("total_mib"):
-            new_util = math.floor((gate["free_mib"] / gate["total_mib"] - 0.02) * 100) / 100
-            b.add(1, "lower-gpu-memory-utilization", f"Lower {util_flag} to {new_util}", {util_flag: new_util},
-                  f"{_mib(gate['total_mib'] * new_util)} MiB budget of {_mib(gate['free_mib'])} MiB free",
-                  "vLLM refuses to start when the device has less free memory than utilization x total; a lower "
-                  "fraction fits next to the other processes (with a smaller KV pool).")
-        return
-    if s.phase in ("kv_capacity", "kv_cache"):
-        avail = v.get("available_kv_mib")
-        negative = avail is not None and avail <= 0
-        cur_util = util if isinstance(util, (int, float)) else (0.9 if not sg else None)
-        # vLLM's default is 0.9; SGLang computes its own when unset, so without the value there is no number
-        raise_change = {util_flag: round(min(0.95, cur_util + 0.05), 2)} if cur_util else {}
-        if negative:
-            b.add(0, "raise-gpu-memory-utilization", f"Raise {util_flag}", raise_change,
-                  f"the KV pool was {_mib(avail)} MiB: weights and activations used the whole budget",
-                  "The KV pool is what is left of utilization x total after weights and the profiled peak; "
-                  "with nothing left, only a larger budget (or smaller weights / more GPUs) helps.")
-            _smaller_model(b, 1)
-            tp = s.flags.get("tensor_parallel_size") or 1
-            b.add(2, "more-devices", "Spread the model over more GPUs", {"--tensor-parallel-size": int(tp) * 2},
-                  "weights per GPU halve", "Tensor parallelism splits weights and KV heads across GPUs.")
-            return
-        target = v.get("estimated_max_len")
-        if not target and v.get("pool_tokens"):
-            target = int(v["pool_tokens"]) // 256 * 256
-        if not target and s.requested_mib and s.free_mib and max_len:
-            seqs = s.flags.get("max_num_seqs") or 1
-            per_tok = s.requested_mib / (float(max_len) * float(seqs))
-            target = int(s.free_mib / per_tok / float(seqs)) // 1024 * 1024 if per_tok > 0 else None
-        if target and max_len and target < int(max_len):
-            change = {len_flag: target}
-            b.add(0, "reduce-max-model-len", f"Lower {len_flag} to {target}", change,
-                  f"one request of {target} tokens fits the KV pool" + (f" ({_mib(avail)} MiB)" if avail else ""),
-                  "The engine needs room for at least one request of the maximum length in its KV pool.")
-        elif not sg:
-            b.add(0, "reduce-max-model-len", f"Lower {len_flag}", {len_flag: int(max_len) // 2} if max_len else {},
-                  "a shorter maximum request fits the KV pool", "The KV pool must hold one full-length request.")
-        if sg:
-            b.add(0.5, "raise-gpu-memory-utilization", f"Raise {util_flag}", raise_change,
-                  "a larger static pool for KV tokens",
-                  "SGLang sizes its token pool from --mem-fraction-static; the error asks for a larger fraction.")
-        else:
-            b.add(1, "raise-gpu-memory-utilization", f"Raise {util_flag}", raise_change,
-                  "a larger KV pool from the same GPU", "The KV pool is utilization x total minus weights and activations.")
-        seqs = s.flags.get("max_running_requests" if sg else "max_num_seqs")
-        if seqs and int(seqs) > 1:
-            b.add(1.5, "reduce-max-num-seqs", f"Lower {seqs_flag} to 1", {seqs_flag: 1},
-                  "KV for one sequence instead of several", "Each concurrent sequence reserves its own KV.")
-        b.add(2, "quantize-kv-cache", "Store the KV cache as fp8", {"--kv-cache-dtype": "fp8"},
-              "half the KV bytes of bf16", "fp8 KV halves the bytes per token.")
-        return
-    if s.phase in ("compute_buffer", "unknown") and s.engine not in ("tgi",) and s.has_memory_event:
-        _py_activation_rules(b, util, util_flag, len_flag, seqs_flag, max_len)
-        return
-    if s.phase == "compute_buffer" or (s.engine == "tgi" and s.phase == "unknown"):
-        if s.engine == "tgi":
-            cur = s.flags.get("max_batch_prefill_tokens")
-            if not isinstance(cur, int):
-                cur = (s.tgi or {}).get("prefill_tokens")  # "Not enough memory to handle N prefill tokens"
-            new = int(cur) // 2 if isinstance(cur, int) and cur > 1 else 4096
-            b.add(0, "reduce-batch", f"Lower --max-batch-prefill-tokens to {new}", {"--max-batch-prefill-tokens": new},
-                  "a smaller warm-up prefill batch", "TGI warms up with a full prefill batch; it must fit next to the weights.")
-        else:
-            b.add(0, "reduce-batch", "Lower --max-num-batched-tokens", {"--max-num-batched-tokens": 2048},
-                  "smaller activation peak during profiling", "The profiled activation peak grows with the batched tokens.")
-        return
-    if s.phase == "model_weights":
-        _smaller_model(b, 0)
-        tp = s.flags.get("tensor_parallel_size") or 1
-        b.add(1, "more-devices", "Spread the model over more GPUs", {"--tensor-parallel-size": int(tp) * 2},
-              "weights per GPU halve", "Tensor parallelism splits the weights across GPUs.")
+    if lmd:  # TurboMind / PyTorch engine: KV = cache_max_entry_count x the free memory after the weights
+        return {"sg": False, "lmd": True, "util": s.flags.get("cache_max_entry_count"),
+                "util_flag": "--cache-max-entry-count", "len_flag": "--session-len", "seqs_flag": "--max-batch-size",
+                "batch_flag": "--max-prefill-token-num", "max_len": s.flags.get("session_len")}
+    return {"sg": sg, "lmd": False, "util": s.flags.get("mem_fraction_static" if sg else "gpu_memory_utilization"),
+            "util_flag": "--mem-fraction-static" if sg else "--gpu-memory-utilization",
+            "len_flag": "--context-length" if sg else "--max-model-len",
+            "seqs_flag": "--max-running-requests" if sg else "--max-num-seqs",
+            "batch_flag": "--chunked-prefill-size" if sg else "--max-num-batched-tokens",
+            "max_len": s.flags.get("context_length" if sg else "max_model_len") or v.get("max_model_len")}
 
 
-def _py_activation_rules(b: _Builder, util, util_flag: str, len_flag: str, seqs_flag: str, max_len) -> None:
-    """A torch OOM outside the KV pool (graph capture, profiling, warm-up, or a step the log does not name): the
-    activations need room that utilization x total left to the pool. Shrink what the activations scale with
-    (batched tokens, sequences, graph capture) and leave more memory outside the pool."""
+def _py_total_mib(s: Situation) -> float | None:
+    """The device's total memory from the log (vLLM's profiling line or gate, a torch OOM's total capacity)."""
+    v = s.vllm or {}
+    if v.get("total_gpu_gib"):
+        return float(v["total_gpu_gib"]) * 1024.0
+    return ((v.get("gate") or {}).get("total_mib")) or s.device_total_mib
+
+
+def _py_lower_util_gate(b: _Builder, rank: float) -> None:
+    """vLLM's start-up gate: the utilization that fits the free memory the gate line printed."""
     s = b.s
-    sg = s.engine == "sglang"
-    capture = s.py_stage == "compute_buffer" and s.phase == "compute_buffer"
-    if s.phase == "unknown" and max_len:
-        b.add(0, "reduce-max-model-len", f"Lower {len_flag} to {int(max_len) // 2}", {len_flag: int(max_len) // 2},
-              "a shorter maximum request shrinks the KV pool and the largest activations",
-              "Where the OOM was raised is not in the log; the maximum length sizes both the KV pool and the "
-              "activations of the longest request.")
-    batch_flag = "--chunked-prefill-size" if sg else "--max-num-batched-tokens"
-    b.add(0 if capture or s.phase == "compute_buffer" else 1, "reduce-batch", f"Lower {batch_flag} to 2048",
-          {batch_flag: 2048}, "a smaller activation peak per step",
+    gate = (s.vllm or {}).get("gate") or {}
+    util_flag = _py_knobs(s)["util_flag"]
+    if not (gate.get("free_mib") and gate.get("total_mib")):
+        return
+    new_util = math.floor((gate["free_mib"] / gate["total_mib"] - 0.02) * 100) / 100
+    if new_util <= 0 or new_util * gate["total_mib"] < 1024:
+        return  # under 1 GiB of budget no model starts: freeing memory is the fix
+    b.add(rank, "lower-gpu-memory-utilization", f"Lower {util_flag} to {new_util}", {util_flag: new_util},
+          f"{_mib(gate['total_mib'] * new_util)} MiB budget of {_mib(gate['free_mib'])} MiB free",
+          "vLLM refuses to start when the device has less free memory than utilization x total; a lower "
+          "fraction fits next to the other processes (with a smaller KV pool).")
+
+
+def _py_cur_util(s: Situation):
+    k = _py_knobs(s)
+    if isinstance(k["util"], (int, float)):
+        return k["util"]
+    gate = ((s.vllm or {}).get("gate") or {}).get("utilization") if not k["sg"] else (s.sglang or {}).get(
+        "mem_fraction_static")
+    if isinstance(gate, (int, float)):
+        return gate
+    # vLLM's default is 0.9 and LMDeploy's 0.8; SGLang computes its own when unset, so without the value no number
+    return 0.8 if k["lmd"] else (0.9 if not k["sg"] else None)
+
+
+def _py_raise_util_change(s: Situation) -> dict | None:
+    """The raised fraction: computed when the log gives the KV needed, the pool and the device total (the pool grows
+    by the added fraction x total), else 0.05 more; None when the current value is already at 0.95 or the computed one
+    would be above it (raising cannot close the gap: no suggestion predicted to fail)."""
+    cur = _py_cur_util(s)
+    if not cur:
+        return {}
+    v = s.vllm or {}
+    total = _py_total_mib(s)
+    new = round(min(0.95, cur + 0.05), 2)
+    if v.get("kv_needed_mib") and v.get("available_kv_mib") is not None and v["available_kv_mib"] > 0 and total:
+        new = math.ceil((cur + (v["kv_needed_mib"] - v["available_kv_mib"]) / total + 0.01) * 100) / 100
+        if new > 0.95:
+            return None
+    if new <= cur:
+        return None
+    return {_py_knobs(s)["util_flag"]: new}
+
+
+def _py_raise_util_negative(b: _Builder, rank: float) -> None:
+    s = b.s
+    avail = (s.vllm or {}).get("available_kv_mib")
+    change = _py_raise_util_change(s)
+    if change is None:
+        return
+    b.add(rank, "raise-gpu-memory-utilization", f"Raise {_py_knobs(s)['util_flag']}", change,
+          f"the KV pool was {_mib(avail)} MiB: weights and activations used the whole budget",
+          "The KV pool is what is left of utilization x total after weights and the profiled peak; "
+          "with nothing left, only a larger budget (or smaller weights / more GPUs) helps.")
+
+
+def _py_more_devices(b: _Builder, rank: float) -> None:
+    s = b.s
+    tp = s.flags.get("tensor_parallel_size") or 1
+    what = "the weights" if s.phase == "model_weights" else "weights and KV heads"
+    b.add(rank, "more-devices", "Spread the model over more GPUs", {"--tensor-parallel-size": int(tp) * 2},
+          "weights per GPU halve", f"Tensor parallelism splits {what} across GPUs.")
+
+
+def _py_pool_target(s: Situation, max_len) -> int | None:
+    v = s.vllm or {}
+    target = v.get("estimated_max_len")
+    if not target and v.get("pool_tokens"):
+        target = int(v["pool_tokens"]) // 256 * 256
+    if not target and v.get("kv_needed_mib") and v.get("available_kv_mib") and max_len and v["available_kv_mib"] > 0:
+        # the KV one request needs is linear in its length: the longest that fits the pool the log printed
+        target = int(float(max_len) * v["available_kv_mib"] / v["kv_needed_mib"]) // 256 * 256 or None
+    if not target and s.requested_mib and s.free_mib and max_len:
+        seqs = s.flags.get("max_num_seqs") or 1
+        per_tok = s.requested_mib / (float(max_len) * float(seqs))
+        target = int(s.free_mib / per_tok / float(seqs)) // 1024 * 1024 if per_tok > 0 else None
+    return target
+
+
+def _py_reduce_max_len(b: _Builder, rank: float) -> None:
+    s = b.s
+    k = _py_knobs(s)
+    max_len, len_flag = k["max_len"], k["len_flag"]
+    avail = (s.vllm or {}).get("available_kv_mib")
+    target = _py_pool_target(s, max_len)
+    if target and max_len and target < int(max_len):
+        b.add(rank, "reduce-max-model-len", f"Lower {len_flag} to {target}", {len_flag: target},
+              f"one request of {target} tokens fits the KV pool" + (f" ({_mib(avail)} MiB)" if avail else ""),
+              "The engine needs room for at least one request of the maximum length in its KV pool.")
+    elif not k["sg"]:
+        b.add(rank, "reduce-max-model-len", f"Lower {len_flag}", {len_flag: int(max_len) // 2} if max_len else {},
+              "a shorter maximum request fits the KV pool", "The KV pool must hold one full-length request.")
+
+
+def _py_raise_util(b: _Builder, rank: float) -> None:
+    s = b.s
+    k = _py_knobs(s)
+    change = _py_raise_util_change(s)
+    if change is None:
+        return  # already at 0.95 (or the gap needs more): a smaller maximum length or fp8 KV instead
+    title = f"Raise {k['util_flag']}" + (f" to {change[k['util_flag']]}" if change else "")
+    if k["sg"]:
+        b.add(rank, "raise-gpu-memory-utilization", title, change, "a larger static pool for KV tokens",
+              "SGLang sizes its token pool from --mem-fraction-static; the error asks for a larger fraction.")
+    else:
+        v = s.vllm or {}
+        computed = bool(v.get("kv_needed_mib") and _py_total_mib(s))
+        b.add(rank, "raise-gpu-memory-utilization", title, change,
+              (f"the pool grows by {_mib(v['kv_needed_mib'] - v['available_kv_mib'])} MiB to the "
+               f"{_mib(v['kv_needed_mib'])} MiB one full-length request needs" if computed
+               else "a larger KV pool from the same GPU"),
+              "The KV pool is utilization x total minus weights and activations.")
+
+
+def _py_one_seq(b: _Builder, rank: float) -> None:
+    s = b.s
+    k = _py_knobs(s)
+    seqs = s.flags.get("max_running_requests" if k["sg"] else "max_num_seqs")
+    if seqs and int(seqs) > 1:
+        b.add(rank, "reduce-max-num-seqs", f"Lower {k['seqs_flag']} to 1", {k["seqs_flag"]: 1},
+              "KV for one sequence instead of several", "Each concurrent sequence reserves its own KV.")
+
+
+def _py_fp8(b: _Builder, rank: float) -> None:
+    """fp8 KV halves the bytes per token (of a bf16/fp16 cache). When the log gives the KV one full-length request
+    needs and the pool, and half of it still exceeds the pool, the change also sets the maximum length that fits at
+    fp8 (twice the longest that fits now); when that is not below the current maximum, no suggestion."""
+    s = b.s
+    k = _py_knobs(s)
+    v = s.vllm or {}
+    if k["lmd"]:
+        return  # LMDeploy quantizes its KV with --quant-policy (4 / 8), not a dtype flag
+    need, avail, max_len = v.get("kv_needed_mib"), v.get("available_kv_mib"), k["max_len"]
+    if need and avail is not None and need / 2 > avail:
+        cur_fit = v.get("estimated_max_len") or (int(float(max_len) * avail / need) if max_len and avail > 0 else 0)
+        new_len = (2 * int(cur_fit)) // 256 * 256
+        if not max_len or new_len <= 0 or new_len >= int(max_len) or not k["len_flag"]:
+            return
+        b.add(rank, "quantize-kv-cache", f"Store the KV cache as fp8 with {k['len_flag']} {new_len}",
+              {"--kv-cache-dtype": "fp8", k["len_flag"]: new_len},
+              f"one request of {new_len} tokens at fp8 needs about the {_mib(avail)} MiB pool ({_mib(need / 2)} MiB "
+              f"for {max_len} tokens at fp8, still more than the pool)",
+              "fp8 KV halves the bytes per token, so the pool holds twice the tokens; at the current maximum length "
+              "half the KV still does not fit, so the change also sets the longest request that does.")
+        return
+    b.add(rank, "quantize-kv-cache", "Store the KV cache as fp8", {"--kv-cache-dtype": "fp8"},
+          "half the KV bytes of bf16" + (f": {_mib(need / 2)} MiB for one full-length request, within the "
+                                          f"{_mib(avail)} MiB pool" if need and avail is not None else ""),
+          "fp8 KV halves the bytes per token.")
+
+
+def _py_prefill_batch(b: _Builder, rank: float) -> None:
+    s = b.s
+    if s.engine == "tgi":
+        cur = s.flags.get("max_batch_prefill_tokens")
+        if not isinstance(cur, int):
+            cur = (s.tgi or {}).get("prefill_tokens")  # "Not enough memory to handle N prefill tokens"
+        new = int(cur) // 2 if isinstance(cur, int) and cur > 1 else 4096
+        b.add(rank, "reduce-batch", f"Lower --max-batch-prefill-tokens to {new}", {"--max-batch-prefill-tokens": new},
+              "a smaller warm-up prefill batch", "TGI warms up with a full prefill batch; it must fit next to the weights.")
+    else:
+        b.add(rank, "reduce-batch", "Lower --max-num-batched-tokens", {"--max-num-batched-tokens": 2048},
+              "smaller activation peak during profiling", "The profiled activation peak grows with the batched tokens.")
+
+
+def _py_act_max_len(b: _Builder, rank: float) -> None:
+    k = _py_knobs(b.s)
+    max_len, len_flag = k["max_len"], k["len_flag"]
+    if not max_len:
+        return
+    b.add(rank, "reduce-max-model-len", f"Lower {len_flag} to {int(max_len) // 2}", {len_flag: int(max_len) // 2},
+          "a shorter maximum request shrinks the KV pool and the largest activations",
+          "Where the OOM was raised is not in the log; the maximum length sizes both the KV pool and the "
+          "activations of the longest request.")
+
+
+def _py_act_batch(b: _Builder, rank: float) -> None:
+    batch_flag = _py_knobs(b.s)["batch_flag"]
+    b.add(rank, "reduce-batch", f"Lower {batch_flag} to 2048", {batch_flag: 2048}, "a smaller activation peak per step",
           "Activations grow with the tokens processed in one step; graph capture also reserves memory per batch size "
           "(--enforce-eager / --cuda-graph-max-bs shrink that).")
-    cur = util if isinstance(util, (int, float)) else (0.9 if not sg else None)
-    if cur:
-        new = round(max(0.5, cur - 0.05), 2)
-        b.add(1, "lower-gpu-memory-utilization", f"Lower {util_flag} to {new}", {util_flag: new},
-              f"{round((cur - new) * 100)} % of the GPU more outside the KV pool for activations and graphs",
-              "The KV pool takes utilization x total; what torch needs beyond it must fit in the rest.")
-    b.add(1.5, "reduce-max-num-seqs", f"Lower {seqs_flag} to 64", {seqs_flag: 64},
+
+
+def _py_act_lower_util(b: _Builder, rank: float) -> None:
+    """Leave more memory outside the KV pool: when the torch OOM gives the request, the free memory and the device's
+    total, the fraction drops by the missing share of the total (plus 0.01), at least 0.05; else 0.05 (LMDeploy:
+    --cache-max-entry-count 0.5, its documented first step). Below 0.3 the pool would be too small to be a fix."""
+    s = b.s
+    k = _py_knobs(s)
+    util_flag = k["util_flag"]
+    cur = _py_cur_util(s)
+    if not cur:
+        return
+    new = round(max(0.5, cur - 0.05), 2)
+    total = _py_total_mib(s)
+    gap = (s.requested_mib - s.free_mib) if s.requested_mib is not None and s.free_mib is not None else None
+    computed = ""
+    if k["lmd"]:
+        new = 0.5 if cur > 0.5 else round(cur / 2, 2)
+    elif gap and gap > 0 and total:
+        new = min(round(cur - 0.05, 2), math.floor((cur - gap / total - 0.01) * 100) / 100)
+        computed = (f": {_mib(gap)} MiB more than was free is {gap / total:.1%} of the {_mib(total)} MiB device, "
+                    "plus 1 % headroom")
+    if new < 0.3 or new >= cur:
+        return
+    b.add(rank, "lower-gpu-memory-utilization", f"Lower {util_flag} to {new}", {util_flag: new},
+          f"{round((cur - new) * 100)} % of the GPU more outside the KV pool for activations and graphs{computed}",
+          "The KV pool takes utilization x total; what torch needs beyond it must fit in the rest.")
+
+
+def _py_act_seqs(b: _Builder, rank: float) -> None:
+    seqs_flag = _py_knobs(b.s)["seqs_flag"]
+    b.add(rank, "reduce-max-num-seqs", f"Lower {seqs_flag} to 64", {seqs_flag: 64},
           "fewer sequences per step, smaller sampler and activation buffers",
           "Warm-up and sampling allocate per sequence of the largest batch.")
 
 
-def suggest(s: Situation, limit: int = 4) -> list[dict]:
-    """Ranked suggestions for a situation (at most ``limit``); [] when nothing failed or the
-    failure is not about memory."""
-    b = _Builder(s)
-    if s.phase not in MEMORY_PHASES and not (s.phase == "unknown" and (s.has_memory_event or s.engine == "tgi")):
-        return []
+# ------------------------------------------------------------------ conditions (one named predicate per row)
+
+def always(s: Situation) -> bool:
+    """Always: the family and the phase alone decide."""
+    return True
+
+
+def host_cap(s: Situation) -> bool:
+    """A host buffer refused although it fits the RAM the log reported, or under a recorded per-process limit."""
+    return _host_cap_failure(s)
+
+
+def not_host_cap(s: Situation) -> bool:
+    """Not a host buffer refused under a per-process cap (freeing device memory can help)."""
+    return not _host_cap_failure(s)
+
+
+def swa_full(s: Situation) -> bool:
+    """--swa-full gives sliding-window layers a full-length cache."""
+    return s.swa_full
+
+
+def parallel_inflates_ctx(s: Situation) -> bool:
+    """Several slots with a non-unified cache padded the requested -c by more than 25 % (256 cells per slot)."""
+    return bool((s.n_seq or 1) > 1 and s.kv_unified is False and s.n_ctx and s.n_ctx_requested
+                and s.n_ctx > s.n_ctx_requested * 1.25)
+
+
+def parallel_splits_ctx(s: Situation) -> bool:
+    """Several slots with a non-unified cache, without inflating -c (each slot gets its share)."""
+    return not parallel_inflates_ctx(s) and s.kv_unified is False and (s.n_seq or 1) > 1
+
+
+def ollama_layout_names_layers(s: Situation) -> bool:
+    """Ollama's layout step named the layer count it could not place ("with num_gpu = N")."""
+    return _is_ollama(s) and bool(s.n_gpu_layers_log)
+
+
+def fits_but_failed_not_host_cap(s: Situation) -> bool:
+    """The request fit the free memory the log reported, on a device (not a capped host buffer)."""
+    return s.verdict == "fits_but_failed" and not _host_cap_failure(s)
+
+
+def working_set_big_ctx(s: Situation) -> bool:
+    """Metal's working set overflowed while the graph ran, at a large context (>= 8192 tokens or >= 1 GiB of KV)."""
+    return s.working_set and ((s.n_ctx or 0) >= 8192 or (s.kv_mib or 0) >= 1024)
+
+
+def working_set_small_ctx(s: Situation) -> bool:
+    """Metal's working set overflowed while the graph ran, at a small context (the layers are the big part)."""
+    return s.working_set and not working_set_big_ctx(s)
+
+
+def working_set(s: Situation) -> bool:
+    """Metal's working set (weights + KV + compute) overflowed while the graph ran."""
+    return s.working_set
+
+
+def buffer_over_alloc_limit(s: Situation) -> bool:
+    """One compute buffer was over the backend's per-allocation limit (not a capped host buffer, not ggml's own
+    2023 memory pool, whose size llama.cpp computes itself)."""
+    return not s.working_set and (s.alloc_limit or s.verdict == "exceeds_alloc_limit") and not _host_cap_failure(s) \
+        and s.oom_rule != "ggml-pool"
+
+
+def kv_update(s: Situation) -> bool:
+    """The compute buffer failed while the KV cache was being updated (shifted/defragmented): the context sizes it."""
+    return not s.working_set and s.kv_update
+
+
+def ollama_compute(s: Situation) -> bool:
+    """Ollama's compute graph did not fit: fewer layers on the GPU is Ollama's own lever (num_gpu)."""
+    return not s.working_set and _is_ollama(s)
+
+
+def secondary_gpu(s: Situation) -> bool:
+    """The buffer failed on a GPU other than the first (index > 0): the split decides its load."""
+    idx = _dev_index(s.failing_device)
+    return not s.working_set and bool(idx) and s.backend != "cpu"
+
+
+def graph_buffer(s: Situation) -> bool:
+    """A compute (graph) buffer that is not Metal's whole working set."""
+    return not s.working_set
+
+
+def graph_buffer_on_gpu(s: Situation) -> bool:
+    """A compute (graph) buffer on a GPU backend (not the CPU)."""
+    return not s.working_set and s.backend != "cpu"
+
+
+def graph_buffer_fits_but_failed(s: Situation) -> bool:
+    """A compute buffer that fit the free memory the log reported, on a device (not a capped host buffer)."""
+    return not s.working_set and fits_but_failed_not_host_cap(s)
+
+
+def graph_buffer_not_host_cap(s: Situation) -> bool:
+    """A compute buffer that is not a host buffer refused under a per-process cap."""
+    return not s.working_set and not _host_cap_failure(s)
+
+
+def weights_on_gpu(s: Situation) -> bool:
+    """The weights failed on a GPU device (not the CPU, not a pinned host buffer)."""
+    return s.backend not in ("cpu", "unknown") and not (s.failing_device or "").endswith("_Host")
+
+
+def budget_gap_small(s: Situation) -> bool:
+    """Ollama's memory check: the model needs at most 1.5x the free memory (a smaller context closes the gap)."""
+    return bool(s.requested_mib is not None and s.free_mib and s.requested_mib <= 1.5 * s.free_mib)
+
+
+def budget_gap_large(s: Situation) -> bool:
+    """Ollama's memory check: the model needs more than 1.5x the free memory (or the gap is not known)."""
+    return not budget_gap_small(s)
+
+
+def huge_ctx(s: Situation) -> bool:
+    """An unplaced memory failure at a context of 32768 tokens or more: the context is the likely cause."""
+    return (s.n_ctx or 0) >= 32768
+
+
+def huge_ctx_on_gpu(s: Situation) -> bool:
+    """An unplaced memory failure at a context of 32768 tokens or more, on a known GPU backend."""
+    return huge_ctx(s) and s.backend not in ("cpu", "unknown")
+
+
+def big_ubatch(s: Situation) -> bool:
+    """An unplaced memory failure at a moderate context with -ub >= 2048 (the compute buffer is the likely cause)."""
+    return not huge_ctx(s) and (s.n_ubatch or 0) >= 2048
+
+
+def big_ubatch_vulkan(s: Situation) -> bool:
+    """As big_ubatch, on Vulkan (whose per-allocation limit a large compute buffer meets)."""
+    return big_ubatch(s) and s.backend == "vulkan"
+
+
+def small_ubatch(s: Situation) -> bool:
+    """An unplaced memory failure at a moderate context and a moderate -ub (< 2048)."""
+    return not huge_ctx(s) and (s.n_ubatch or 0) < 2048
+
+
+def small_ubatch_on_gpu(s: Situation) -> bool:
+    """As small_ubatch, on a backend other than the CPU."""
+    return small_ubatch(s) and s.backend != "cpu"
+
+
+def small_ubatch_vulkan(s: Situation) -> bool:
+    """As small_ubatch, on Vulkan (whose per-allocation limit a buffer may meet)."""
+    return small_ubatch(s) and s.backend == "vulkan"
+
+
+def not_huge_ctx(s: Situation) -> bool:
+    """An unplaced memory failure at a context under 32768 tokens."""
+    return not huge_ctx(s)
+
+
+def vllm_gate_numbers(s: Situation) -> bool:
+    """vLLM's start-up gate line gave the free and total memory of the device."""
+    gate = (s.vllm or {}).get("gate") or {}
+    return bool(gate.get("free_mib") and gate.get("total_mib"))
+
+
+def negative_pool(s: Situation) -> bool:
+    """vLLM's KV pool came out empty or negative: weights and activations took the whole budget."""
+    avail = (s.vllm or {}).get("available_kv_mib")
+    return avail is not None and avail <= 0
+
+
+def pool_too_small(s: Situation) -> bool:
+    """The KV pool exists but cannot hold one request of the maximum length."""
+    return not negative_pool(s)
+
+
+def sglang_pool_too_small(s: Situation) -> bool:
+    """SGLang's token pool is too small (its error asks for a larger --mem-fraction-static)."""
+    return pool_too_small(s) and s.engine == "sglang"
+
+
+def vllm_pool_too_small(s: Situation) -> bool:
+    """vLLM's (or another Python engine's) KV pool is too small for one request of the maximum length."""
+    return pool_too_small(s) and s.engine != "sglang"
+
+
+def activation_oom(s: Situation) -> bool:
+    """A torch OOM outside the KV pool (graph capture, profiling, warm-up or an unnamed step); not TGI."""
+    return s.engine != "tgi" and s.has_memory_event
+
+
+def prefill_batch(s: Situation) -> bool:
+    """A compute failure that is not a torch OOM read from the log (TGI's warm-up prefill, vLLM's profiling)."""
+    return not activation_oom(s)
+
+
+def tgi_unplaced(s: Situation) -> bool:
+    """TGI failed at a step the log does not place: its warm-up prefill batch is the usual cause."""
+    return s.engine == "tgi"
+
+
+# ------------------------------------------------------------------ the rule table
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One fix rule: when ``family`` and ``phase`` match and ``when`` holds, ``build`` may add suggestion ``sid`` at
+    ``rank`` (lower is first). The best rank given for an id wins."""
+
+    sid: str
+    family: str
+    phases: tuple[str, ...]
+    when: Callable[[Situation], bool]
+    rank: float
+    build: Callable[[_Builder, float], None]
+
+
+LLAMA = "llama.cpp-family"
+PYTHON = "python"
+FAMILIES = (LLAMA, PYTHON)
+_KVC = ("kv_cache", "context")
+_PLACED = ("kv_cache", "context", "compute_buffer", "model_weights", "unknown")
+_CB = ("compute_buffer",)
+_UNK = ("unknown",)
+_ACT = ("compute_buffer", "unknown")
+
+
+def _r(sid: str, family: str, phases, when, rank: float, build) -> Rule:
+    return Rule(sid, family, (phases,) if isinstance(phases, str) else tuple(phases), when, rank, build)
+
+
+RULES: tuple[Rule, ...] = (
+    # llama.cpp and the programs built on it, Ollama included (playbook order: context, parallel, cache types,
+    # headroom, the failing device, the deepest error, regression)
+    _r("raise-memory-limit", LLAMA, _PLACED, host_cap, -1, _raise_memory_limit),
+    _r("disable-swa-full", LLAMA, _KVC, swa_full, 0, _drop_swa_full),
+    _r("reduce-parallel", LLAMA, _KVC, parallel_inflates_ctx, 0.5, _reduce_parallel),
+    _r("reduce-gpu-layers", LLAMA, "context", ollama_layout_names_layers, 0.7, _reduce_layers),
+    _r("reduce-ctx", LLAMA, _KVC, always, 1, _reduce_ctx),
+    _r("reduce-parallel", LLAMA, _KVC, parallel_splits_ctx, 2, _reduce_parallel),
+    _r("quantize-kv-cache", LLAMA, _KVC, always, 3, _quantize),
+    _r("bisect-regression", LLAMA, _KVC, fits_but_failed_not_host_cap, 2.5, _bisect),
+    _r("kv-cache-on-host", LLAMA, _KVC, always, 4, _headroom),
+    _r("rebalance-devices", LLAMA, _KVC, always, 5, _rebalance),
+    _r("free-device-memory", LLAMA, _KVC, not_host_cap, 6, _free_memory),
+    _r("reduce-ctx", LLAMA, _CB, working_set_big_ctx, 0, _reduce_ctx),
+    _r("reduce-ctx", LLAMA, _CB, working_set_small_ctx, 1, _reduce_ctx),
+    _r("reduce-gpu-layers", LLAMA, _CB, working_set_big_ctx, 1, _reduce_layers),
+    _r("reduce-gpu-layers", LLAMA, _CB, working_set_small_ctx, 0, _reduce_layers),
+    _r("smaller-model-or-quant", LLAMA, _CB, working_set, 2, _smaller_model),
+    _r("reduce-batch", LLAMA, _CB, working_set, 3, _reduce_batch),
+    _r("work-around-alloc-limit", LLAMA, _CB, buffer_over_alloc_limit, 0, _alloc_limit),
+    _r("reduce-ctx", LLAMA, _CB, kv_update, 0, _reduce_ctx),
+    _r("reduce-gpu-layers", LLAMA, _CB, ollama_compute, 0.5, _reduce_layers),
+    _r("rebalance-devices", LLAMA, _CB, secondary_gpu, 0.7, _rebalance),
+    _r("reduce-batch", LLAMA, _CB, graph_buffer, 1, _reduce_batch),
+    _r("enable-flash-attn", LLAMA, _CB, graph_buffer, 1.5, _flash),
+    _r("reduce-ctx", LLAMA, _CB, graph_buffer, 2, _reduce_ctx),
+    _r("reduce-gpu-layers", LLAMA, _CB, graph_buffer_on_gpu, 3, _reduce_layers),
+    _r("bisect-regression", LLAMA, _CB, graph_buffer_fits_but_failed, 4, _bisect),
+    _r("free-device-memory", LLAMA, _CB, graph_buffer_not_host_cap, 5, _free_memory),
+    _r("reduce-gpu-layers", LLAMA, "model_weights", weights_on_gpu, 0, _reduce_layers_sized),
+    _r("smaller-model-or-quant", LLAMA, "model_weights", always, 1, _smaller_model),
+    _r("rebalance-devices", LLAMA, "model_weights", weights_on_gpu, 2, _rebalance),
+    _r("free-device-memory", LLAMA, "model_weights", not_host_cap, 3, _free_memory),
+    _r("smaller-model-or-quant", LLAMA, "memory_budget", budget_gap_large, 0, _smaller_model),
+    _r("smaller-model-or-quant", LLAMA, "memory_budget", budget_gap_small, 1, _smaller_model),
+    _r("reduce-ctx", LLAMA, "memory_budget", budget_gap_small, 0, _reduce_ctx),
+    _r("reduce-ctx", LLAMA, "memory_budget", budget_gap_large, 1, _reduce_ctx),
+    _r("free-device-memory", LLAMA, "memory_budget", always, 2, _free_memory),
+    _r("reduce-parallel", LLAMA, "kv_capacity", always, 0, _reduce_parallel),
+    _r("reduce-batch", LLAMA, "kv_capacity", always, 1, _reduce_batch),
+    _r("reduce-ctx", LLAMA, _UNK, huge_ctx, 0, _reduce_ctx),
+    _r("quantize-kv-cache", LLAMA, _UNK, huge_ctx, 1, _quantize),
+    _r("reduce-gpu-layers", LLAMA, _UNK, huge_ctx_on_gpu, 2, _reduce_layers_sized),
+    _r("reduce-batch", LLAMA, _UNK, big_ubatch, 0, _reduce_batch),
+    _r("work-around-alloc-limit", LLAMA, _UNK, big_ubatch_vulkan, 1, _alloc_limit),
+    _r("reduce-ctx", LLAMA, _UNK, big_ubatch, 2, _reduce_ctx),
+    _r("reduce-gpu-layers", LLAMA, _UNK, small_ubatch_on_gpu, 0, _reduce_layers_sized),
+    _r("reduce-ctx", LLAMA, _UNK, small_ubatch, 1, _reduce_ctx),
+    _r("work-around-alloc-limit", LLAMA, _UNK, small_ubatch_vulkan, 2, _alloc_limit),
+    _r("free-device-memory", LLAMA, _UNK, always, 5, _free_memory),
+    # vLLM, SGLang, TGI, LMDeploy (and unknown engines with their flags or a torch OOM)
+    _r("free-device-memory", PYTHON, "memory_budget", always, 0, _free_memory),
+    _r("lower-gpu-memory-utilization", PYTHON, "memory_budget", vllm_gate_numbers, 1, _py_lower_util_gate),
+    _r("raise-gpu-memory-utilization", PYTHON, ("kv_capacity", "kv_cache"), negative_pool, 0, _py_raise_util_negative),
+    _r("smaller-model-or-quant", PYTHON, ("kv_capacity", "kv_cache"), negative_pool, 1, _smaller_model),
+    _r("more-devices", PYTHON, ("kv_capacity", "kv_cache"), negative_pool, 2, _py_more_devices),
+    _r("reduce-max-model-len", PYTHON, ("kv_capacity", "kv_cache"), pool_too_small, 0, _py_reduce_max_len),
+    _r("raise-gpu-memory-utilization", PYTHON, ("kv_capacity", "kv_cache"), sglang_pool_too_small, 0.5, _py_raise_util),
+    _r("raise-gpu-memory-utilization", PYTHON, ("kv_capacity", "kv_cache"), vllm_pool_too_small, 1, _py_raise_util),
+    _r("reduce-max-num-seqs", PYTHON, ("kv_capacity", "kv_cache"), pool_too_small, 1.5, _py_one_seq),
+    _r("quantize-kv-cache", PYTHON, ("kv_capacity", "kv_cache"), pool_too_small, 2, _py_fp8),
+    _r("reduce-max-model-len", PYTHON, _UNK, activation_oom, 0, _py_act_max_len),
+    _r("reduce-batch", PYTHON, _CB, activation_oom, 0, _py_act_batch),
+    _r("reduce-batch", PYTHON, _UNK, activation_oom, 1, _py_act_batch),
+    _r("lower-gpu-memory-utilization", PYTHON, _ACT, activation_oom, 1, _py_act_lower_util),
+    _r("reduce-max-num-seqs", PYTHON, _ACT, activation_oom, 1.5, _py_act_seqs),
+    _r("reduce-batch", PYTHON, _CB, prefill_batch, 0, _py_prefill_batch),
+    _r("reduce-batch", PYTHON, _UNK, tgi_unplaced, 0, _py_prefill_batch),
+    _r("smaller-model-or-quant", PYTHON, "model_weights", always, 0, _smaller_model),
+    _r("more-devices", PYTHON, "model_weights", always, 1, _py_more_devices),
+)
+"""Every fix rule, in the order :func:`suggest` applies them (docs/fix-rules.md is generated from it)."""
+
+
+def family_of(s: Situation) -> str:
+    """"python" for vLLM, SGLang, TGI, LMDeploy (and an unknown engine with their flags or a torch OOM), else
+    "llama.cpp-family" (llama.cpp, the programs built on it, Ollama)."""
     flags = s.flags or {}
     py_like = s.engine in ("vllm", "sglang", "tgi", "lmdeploy") or (
         s.engine == "unknown" and (any(k in flags for k in ("max_model_len", "gpu_memory_utilization", "max_num_seqs"))
                                    or (s.oom_rule or "").startswith("torch")))
-    if py_like:
-        _py_engine_rules(b)
-    else:
-        _llama_rules(b)
+    return PYTHON if py_like else LLAMA
+
+
+def suggest(s: Situation, limit: int = 4) -> list[dict]:
+    """Ranked suggestions for a situation (at most ``limit``); [] when nothing failed or the
+    failure is not about memory. Walks :data:`RULES`: every row whose family, phase and condition match calls its
+    builder; the best rank per id wins."""
+    b = _Builder(s)
+    if s.phase not in MEMORY_PHASES and not (s.phase == "unknown" and (s.has_memory_event or s.engine == "tgi")):
+        return []
+    fam = family_of(s)
+    for rule in RULES:
+        if rule.family == fam and s.phase in rule.phases and rule.when(s):
+            rule.build(b, rule.rank)
     return b.result(limit)
+
+
+def _first_line(fn) -> str:
+    return ((fn.__doc__ or "").strip().splitlines() or [""])[0].strip()
+
+
+def rules_markdown() -> str:
+    """docs/fix-rules.md: every rule of :data:`RULES` in the order :func:`suggest` applies it
+    (``python scripts/fix_rules_table.py > docs/fix-rules.md``; tests/test_fix_rules_table.py checks the file)."""
+    out = ["# Fix rules", "",
+           "Generated from `kvreport.fixes.RULES` by `python scripts/fix_rules_table.py > docs/fix-rules.md`; "
+           "tests/test_fix_rules_table.py fails when this file and the code disagree.", "",
+           "`suggest()` walks the rows in this order. Every row whose engine family, phase and condition match calls "
+           "its builder, which may add the suggestion (a builder declines when its numbers do not justify a change). "
+           "For an id added by several rows the best (lowest) rank wins; ties keep the order of the rows. "
+           "Family `llama.cpp-family` is llama.cpp, the programs built on it and Ollama; `python` is vLLM, SGLang, "
+           "TGI and LMDeploy.", "",
+           "| # | family | phase | condition | what the condition means | id | rank | builder |",
+           "|---|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(RULES, 1):
+        out.append(f"| {i} | {r.family} | {', '.join(r.phases)} | `{r.when.__name__}` | "
+                   f"{_first_line(r.when).replace('|', '/')} | `{r.sid}` | {r.rank:g} | `{r.build.__name__}` |")
+    return "\n".join(out) + "\n"
