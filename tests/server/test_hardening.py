@@ -1,0 +1,146 @@
+"""Issue 13: one small upload must not stall the server, every input a 4xx, rate limits that cannot be
+dodged, sessions that sign-out ends, authentication before validation, a private mode that leaks
+nothing."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+
+import pytest
+from server_helpers import minimal_bundle
+from sqlalchemy import func, select
+
+from kvreport_server import limits
+from kvreport_server.errors import ApiError
+from kvreport_server.models import Bundle
+
+
+def post_raw(client, body: bytes, headers: dict, **extra):
+    return client.post("/api/v1/bundles", data=body, headers={"Content-Type": "application/json", **headers},
+                       **extra)
+
+
+def stored(db) -> int:
+    with db.Session() as s:
+        return s.execute(select(func.count()).select_from(Bundle)).scalar_one()
+
+
+# --- item 2: one budget for an upload's shape, checked while parsing --------------------------------
+
+SHAPES = [
+    # (what, body, limit name in the message)
+    ("nodes", lambda: minimal_bundle(host={f"k{i}": ["x"] * 900 for i in range(6)}),
+     "KVREPORT_MAX_JSON_NODES"),
+    ("array", lambda: minimal_bundle(command={"argv": ["x"] * 1001}), "KVREPORT_MAX_JSON_ITEMS"),
+    ("object", lambda: minimal_bundle(probes={f"k{i}": "v" for i in range(1001)}), "KVREPORT_MAX_JSON_ITEMS"),
+    ("depth", lambda: minimal_bundle(host={"x": json.loads("[" * 20 + "]" * 20)}), "KVREPORT_MAX_JSON_DEPTH"),
+    ("string", lambda: minimal_bundle(command={"argv": ["a" * 501]}), "KVREPORT_MAX_STRING_CHARS"),
+]
+
+
+@pytest.mark.parametrize("what,make,name", SHAPES, ids=[s[0] for s in SHAPES])
+def test_shape_budget_is_a_413_naming_the_limit(make_app, what, make, name):
+    from kvreport_server import auth
+
+    app = make_app(MAX_JSON_NODES=5000, MAX_JSON_ITEMS=1000, MAX_LOG_LINES=100, MAX_JSON_DEPTH=10,
+                   MAX_STRING_CHARS=500)
+    db = app.extensions["kvreport_db"]
+    with db.Session() as s, s.begin():
+        token = auth.new_token(s, "shape", "upload")
+    r = post_raw(app.test_client(), json.dumps(make()).encode(), {"Authorization": f"Bearer {token}"})
+    assert r.status_code == 413, r.json
+    assert name in r.json["error"]["message"] and r.json["error"]["limit"] > 0
+    assert stored(db) == 0
+
+
+def test_shape_is_checked_before_the_body_is_parsed(monkeypatch):
+    """The budget stops a huge array before json builds a single object."""
+    calls = []
+    monkeypatch.setattr(limits.json, "loads", lambda *a, **k: calls.append(1))
+    text = ('{"command": {"argv": [' + ",".join(['"a"'] * 300_000) + "]}}").encode()
+    t0 = time.perf_counter()
+    with pytest.raises(ApiError) as e:
+        limits.parse_json(text, max_nodes=10**9, max_depth=32, max_items=20000, max_string=65536)
+    assert e.value.status == 413 and "KVREPORT_MAX_JSON_ITEMS" in e.value.message
+    assert not calls and time.perf_counter() - t0 < 2
+
+
+def test_shape_counts_decoded_string_length():
+    ok = '"' + "\\u0041" * 100 + '"'  # 600 characters of JSON, 100 once decoded
+    limits.parse_json(ok.encode(), max_nodes=10, max_depth=4, max_items=10, max_string=100)
+    with pytest.raises(ApiError):
+        limits.parse_json(('"' + "a" * 101 + '"').encode(), max_nodes=10, max_depth=4, max_items=10, max_string=100)
+
+
+def test_default_budget_accepts_a_full_log(client, auth_header):
+    lines = [[i, f"line {i} " + "x" * 50] for i in range(1, 20001)]
+    b = minimal_bundle(log={"line_count": 20000, "truncated": False, "source": "t", "lines": lines})
+    r = post_raw(client, json.dumps(b).encode(), auth_header)
+    assert r.status_code == 201, r.json
+
+
+# --- item 3: no infinity or NaN anywhere -----------------------------------------------------------
+
+@pytest.mark.parametrize("raw", [b"1e400", b"-1e400", b"NaN", b"Infinity", b"-Infinity", b"1E999"])
+def test_open_section_refuses_infinity(client, db, auth_header, raw):
+    body = json.dumps(minimal_bundle(host={"os": "Linux", "extra": "@"})).encode().replace(b'"@"', raw)
+    r = post_raw(client, body, auth_header)
+    assert r.status_code in (400, 422), r.json
+    assert stored(db) == 0
+
+
+# --- small ones ------------------------------------------------------------------------------------
+
+def test_json_error_message_says_at_once():
+    with pytest.raises(ApiError) as e:
+        limits.parse_json(b'{"a": "x\x01y"}')
+    assert " at at " not in e.value.message and "at line 1" in e.value.message
+    with pytest.raises(ApiError) as e:
+        limits.parse_json(b'{"a": "xy')
+    assert " at at " not in e.value.message
+
+
+def test_trailing_bytes_after_gzip_are_refused(client, db, auth_header):
+    body = gzip.compress(json.dumps(minimal_bundle()).encode())
+    for tail in (b"junk", gzip.compress(b"{}")):
+        r = post_raw(client, body + tail, {**auth_header, "Content-Encoding": "gzip"})
+        assert r.status_code == 400 and r.json["error"]["code"] == "bad_encoding", r.json
+    assert stored(db) == 0
+    assert post_raw(client, body, {**auth_header, "Content-Encoding": "gzip"}).status_code == 201
+
+
+@pytest.mark.parametrize("field", ["wsl", "truncated"])
+@pytest.mark.parametrize("value", ["yes", "true", 1, "on"])
+def test_booleans_are_strict(client, db, auth_header, field, value):
+    b = minimal_bundle()
+    if field == "wsl":
+        b["host"]["wsl"] = value
+    else:
+        b["log"]["truncated"] = value
+    r = post_raw(client, json.dumps(b).encode(), auth_header)
+    assert r.status_code == 422, r.json
+    assert stored(db) == 0
+
+
+def test_431_has_its_own_code(app):
+    from werkzeug.exceptions import RequestHeaderFieldsTooLarge
+
+    with app.test_request_context("/api/v1/clusters"):
+        resp = app.handle_user_exception(RequestHeaderFieldsTooLarge())
+    assert resp.status_code == 431 and resp.json["error"]["code"] == "headers_too_large"
+    from kvreport_server.errors import _CODES
+    from kvreport_server.waitress_server import _error_task_class
+
+    assert _CODES[431] == "headers_too_large" and _error_task_class(1)
+
+
+def test_negative_model_size_is_not_shown_as_minus_zero(client, auth_header):
+    b = minimal_bundle(model={"file_name": "m.gguf", "size_bytes": -5})
+    r = post_raw(client, json.dumps(b).encode(), auth_header)
+    if r.status_code == 201:
+        page = client.get(f"/bundles/{b['id']}").get_data(as_text=True)
+        assert "-0 MiB" not in page
+    else:
+        assert r.status_code == 422
