@@ -182,6 +182,19 @@ def parse_json(data: bytes, **shape) -> object:
         raise ApiError(400, f"body is not JSON: {msg}{where}", code="not_json") from None
 
 
+_ASCII_INT = re.compile(r"-?[0-9]+")
+
+
+def ascii_int(text: object, max_digits: int = 18, signed: bool = False) -> int | None:
+    """``text`` as an int when it is ASCII digits only (``-`` first when ``signed``) and at most
+    ``max_digits`` long; None otherwise (``str.isdigit`` and ``int`` accept ``³``, ``②`` or ``٣``)."""
+    if not isinstance(text, str) or not _ASCII_INT.fullmatch(text) or (text[0] == "-" and not signed):
+        return None
+    if len(text.lstrip("-")) > max_digits:
+        return None
+    return int(text)
+
+
 def clean_text(s: str) -> str:
     """``s`` with NUL characters and lone surrogates replaced by U+FFFD (storable in PostgreSQL)."""
     return _clean_str(s)

@@ -22,6 +22,20 @@ class SafeString(fields.String):
         return text
 
 
+class AsciiInteger(fields.Integer):
+    """An integer from a query string: ASCII digits only (``int()`` would take ``٣``; ``²`` would fail)."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if isinstance(value, str):
+            from kvreport_server.limits import ascii_int
+
+            parsed = ascii_int(value, max_digits=18, signed=True)
+            if parsed is None:
+                raise self.make_error("invalid", input=value)
+            value = parsed
+        return super()._deserialize(value, attr, data, **kwargs)
+
+
 class ApiErrorDetailSchema(Schema):
     code = fields.String(required=True)
     message = fields.String(required=True)
@@ -149,8 +163,8 @@ class ClusterQuerySchema(Schema):
     status = SafeString(validate=validate.OneOf(CLUSTER_STATUSES))
     q = SafeString(validate=validate.Length(max=200))
     sort = SafeString(load_default="count", validate=validate.OneOf(SORTS))
-    page = fields.Integer(load_default=1, validate=validate.Range(min=1, max=100000))
-    per_page = fields.Integer(load_default=None, validate=validate.Range(min=1, max=200))
+    page = AsciiInteger(load_default=1, validate=validate.Range(min=1, max=100000))
+    per_page = AsciiInteger(load_default=None, validate=validate.Range(min=1, max=200))
 
 
 class ClusterPatchSchema(Schema):

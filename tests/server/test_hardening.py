@@ -144,3 +144,33 @@ def test_negative_model_size_is_not_shown_as_minus_zero(client, auth_header):
         assert "-0 MiB" not in page
     else:
         assert r.status_code == 422
+
+
+# --- item 4: integers are ASCII digits only --------------------------------------------------------
+
+@pytest.mark.parametrize("raw", ["%C2%B3", "%E2%91%A1", "%D9%A3", "1%C2%B3", "-1", "%EF%BC%91"])
+def test_non_ascii_digits_in_paths_are_404(client, auth_header, raw):
+    b = minimal_bundle()
+    assert post_raw(client, json.dumps(b).encode(), auth_header).status_code == 201
+    for path in (f"/api/v1/clusters/{raw}", f"/clusters/{raw}"):
+        r = client.get(path)
+        assert r.status_code == 404, (path, r.status_code)
+    assert client.get("/api/v1/clusters/1").status_code == 200 and client.get("/clusters/1").status_code == 200
+
+
+@pytest.mark.parametrize("raw", ["%C2%B3", "%D9%A3", "%E2%91%A1"])
+def test_non_ascii_digits_in_queries_are_4xx(client, raw):
+    assert client.get(f"/api/v1/clusters?page={raw}").status_code == 422
+    assert client.get(f"/api/v1/clusters?per_page={raw}").status_code == 422
+    assert client.get(f"/?page={raw}").status_code == 400
+
+
+@pytest.mark.parametrize("n_ctx", ["²", "③", "٣٣", "１２"])
+def test_non_ascii_digits_in_the_body_are_not_numbers(client, auth_header, n_ctx):
+    b = minimal_bundle(command={"line": "llama-server -c x", "flags": {"-c": n_ctx, "n_ctx": n_ctx}})
+    r = post_raw(client, json.dumps(b).encode(), auth_header)
+    assert r.status_code == 201, r.json
+    cid = r.json["cluster"]["id"]
+    assert client.get(f"/api/v1/clusters/{cid}").status_code == 200
+    assert client.get(f"/clusters/{cid}").status_code == 200
+    assert client.get(f"/bundles/{b['id']}").status_code == 200

@@ -23,6 +23,7 @@ from kvreport_server import analysis, auth
 from kvreport_server.api.bundles import is_bundle_id
 from kvreport_server.db import get_db, get_session
 from kvreport_server.errors import ApiError
+from kvreport_server.limits import ascii_int
 from kvreport_server.models import CLUSTER_STATUSES, Bundle, Cluster
 from kvreport_server.queries import cluster_detail, filter_choices, list_clusters
 from kvreport_server.schemas import ClusterQuerySchema
@@ -80,10 +81,11 @@ def index():
                            filters=active, statuses=CLUSTER_STATUSES, choices=filter_choices(get_session()))
 
 
-@bp.route("/clusters/<int:cluster_id>", methods=["GET", "POST"])
-def cluster(cluster_id: int):
+@bp.route("/clusters/<string:cluster_id>", methods=["GET", "POST"])
+def cluster(cluster_id: str):
     session = get_session()
-    c = session.get(Cluster, cluster_id) if cluster_id < 2**31 else None
+    cluster_id = ascii_int(cluster_id, max_digits=9)  # ASCII digits only (werkzeug's int takes "٣")
+    c = session.get(Cluster, cluster_id) if cluster_id is not None else None
     if c is None:
         abort(404)
     form = ClusterForm(obj=c) if request.method == "GET" else ClusterForm()
