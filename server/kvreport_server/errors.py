@@ -46,7 +46,7 @@ def error_body(code: str, message: str, field: str | None = None, **extra) -> di
 
 def wants_json() -> bool:
     path = request.path
-    if path.startswith("/api/") or path.endswith(".json") or path == "/healthz":
+    if path.startswith("/api/") or path.endswith((".json", ".md")) or path == "/healthz":
         return True
     best = request.accept_mimetypes.best_match(["text/html", "application/json"])
     return best == "application/json" and not request.accept_mimetypes.accept_html

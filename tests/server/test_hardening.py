@@ -174,3 +174,192 @@ def test_non_ascii_digits_in_the_body_are_not_numbers(client, auth_header, n_ctx
     assert client.get(f"/api/v1/clusters/{cid}").status_code == 200
     assert client.get(f"/clusters/{cid}").status_code == 200
     assert client.get(f"/bundles/{b['id']}").status_code == 200
+
+
+# --- web helpers -----------------------------------------------------------------------------------
+
+def csrf_of(html: str) -> str:
+    import re
+
+    m = re.search(r'name="csrf_token" type="hidden" value="([^"]+)"', html) or \
+        re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert m, "no CSRF token in the form"
+    return m.group(1)
+
+
+def make_user(db, name="maint", password="correct horse battery"):
+    from kvreport_server import auth
+
+    with db.Session() as s, s.begin():
+        auth.create_user(s, name, password)
+    return name, password
+
+
+def sign_in(client, name, password, **kw):
+    page = client.get("/login").get_data(as_text=True)
+    return client.post("/login", data={"username": name, "password": password, "csrf_token": csrf_of(page)}, **kw)
+
+
+# --- item 5: `next` is a same-site path or `/` -----------------------------------------------------
+
+NEXT_TARGETS = ["/%09/evil.example", "/\t/evil.example", "/\n/evil.example", "/\r\nSet-Cookie: x=1",
+                "//evil.example", "/%2F/evil.example", "/\\evil.example", "/%5Cevil.example",
+                "https://evil.example", "javascript:alert(1)", "\x00/x", "/x\x00", " //evil.example",
+                "%2F%2Fevil.example", "/\x0b/evil.example"]
+
+
+@pytest.mark.parametrize("target", NEXT_TARGETS)
+def test_next_is_only_a_same_site_path(client, db, target):
+    name, pw = make_user(db)
+    r = sign_in(client, name, pw, query_string={"next": target})
+    assert r.status_code == 302, r.status_code
+    assert r.headers["Location"] in ("/", "http://localhost/"), r.headers["Location"]
+
+
+def test_next_keeps_a_real_path(client, db):
+    name, pw = make_user(db)
+    r = sign_in(client, name, pw, query_string={"next": "/clusters/1?x=1"})
+    assert r.status_code == 302 and r.headers["Location"].endswith("/clusters/1?x=1")
+
+
+# --- item 6: rate limits keyed by the verified token; failed authentication throttled ---------------
+
+def test_made_up_tokens_do_not_escape_the_read_limit(make_app):
+    app = make_app(RATE_LIMIT_READ="3/minute")
+    client = app.test_client()
+    codes = [client.get("/api/v1/clusters", headers={"Authorization": f"Bearer kvr_{i:08d}_x"}).status_code
+             for i in range(6)]
+    assert 429 in codes, codes
+    assert client.get("/api/v1/clusters").status_code == 429  # the same address, anonymous
+
+
+def test_a_known_prefix_cannot_spend_a_tokens_quota(make_app):
+    from kvreport_server import auth
+
+    app = make_app(RATE_LIMIT_UPLOAD="2/minute", RATE_LIMIT_AUTH_FAILURES="")
+    with app.extensions["kvreport_db"].Session() as s, s.begin():
+        token = auth.new_token(s, "victim", "upload")
+    prefix = token.split("_")[1]
+    attacker = app.test_client()
+    for _ in range(5):
+        r = post_raw(attacker, b"{}", {"Authorization": f"Bearer kvr_{prefix}_guessed"},
+                     environ_base={"REMOTE_ADDR": "10.9.9.9"})
+        assert r.status_code in (401, 429)
+    r = post_raw(app.test_client(), json.dumps(minimal_bundle()).encode(), {"Authorization": f"Bearer {token}"})
+    assert r.status_code == 201, r.json
+
+
+def test_failed_authentication_is_throttled_per_address(make_app):
+    from kvreport_server import auth
+
+    app = make_app(RATE_LIMIT_AUTH_FAILURES="5/minute")
+    with app.extensions["kvreport_db"].Session() as s, s.begin():
+        token = auth.new_token(s, "good", "upload")
+    client = app.test_client()
+    codes = [client.get("/api/v1/clusters", headers={"Authorization": f"Bearer kvr_{i:08x}_guess"},
+                        environ_base={"REMOTE_ADDR": "10.1.1.1"}).status_code for i in range(8)]
+    assert codes[:5] == [401] * 5 and set(codes[5:]) == {429}, codes
+    # even a right token is not checked from that address now; other addresses are not affected
+    r = client.get("/api/v1/clusters", headers={"Authorization": f"Bearer {token}"},
+                   environ_base={"REMOTE_ADDR": "10.1.1.1"})
+    assert r.status_code == 429 and r.json["error"]["code"] == "rate_limited"
+    r = client.get("/api/v1/clusters", headers={"Authorization": f"Bearer {token}"},
+                   environ_base={"REMOTE_ADDR": "10.2.2.2"})
+    assert r.status_code == 200
+
+
+def test_failed_sign_ins_count_too(make_app):
+    app = make_app(RATE_LIMIT_AUTH_FAILURES="3/minute", RATE_LIMIT_LOGIN="")
+    db = app.extensions["kvreport_db"]
+    name, pw = make_user(db)
+    client = app.test_client()
+    codes = [sign_in(client, name, "wrong").status_code for _ in range(4)]
+    assert codes == [200, 200, 200, 429]
+    assert sign_in(client, name, pw).status_code == 429
+
+
+# --- item 7: sign-out ends the session server-side; idle expiry -----------------------------------
+
+def _cookie(client) -> str:
+    return client.get_cookie("session").value
+
+
+def test_replayed_cookie_after_sign_out_is_dead(client, db, auth_header):
+    cid = post_raw(client, json.dumps(minimal_bundle()).encode(), auth_header).json["cluster"]["id"]
+    name, pw = make_user(db)
+    assert sign_in(client, name, pw).status_code == 302
+    stolen = _cookie(client)
+    page = client.get(f"/clusters/{cid}").get_data(as_text=True)
+    assert 'id="cluster-form"' in page
+    csrf = csrf_of(page)  # the stolen cookie's own CSRF token
+    assert client.post("/logout", data={"csrf_token": csrf}).status_code == 302
+    client.set_cookie("session", stolen)
+    page = client.get(f"/clusters/{cid}").get_data(as_text=True)
+    assert 'id="cluster-form"' not in page
+    r = client.post(f"/clusters/{cid}", data={"known_fix": "replayed", "issue_url": "", "status": "known_fix",
+                                              "csrf_token": csrf})
+    assert r.status_code == 403
+    assert client.get(f"/api/v1/clusters/{cid}").json["known_fix"] is None
+
+
+def test_idle_session_expires(make_app, monkeypatch):
+    from kvreport_server import auth
+
+    app = make_app(SESSION_IDLE_SECONDS=600)
+    db = app.extensions["kvreport_db"]
+    name, pw = make_user(db)
+    client = app.test_client()
+    assert sign_in(client, name, pw).status_code == 302
+    assert _signed_in(client)
+    now = time.time()
+    monkeypatch.setattr(auth.time, "time", lambda: now + 599)
+    assert _signed_in(client)
+    monkeypatch.setattr(auth.time, "time", lambda: now + 599 + 601)
+    assert not _signed_in(client)
+
+
+def _signed_in(client) -> bool:
+    from flask_login import current_user
+
+    with client:
+        client.get("/")
+        return bool(current_user.is_authenticated)
+
+
+# --- item 10: authentication before validation; private mode leaks nothing -------------------------
+
+def test_patch_without_token_is_401_not_422(client, auth_header, make_token):
+    cid = post_raw(client, json.dumps(minimal_bundle()).encode(), auth_header).json["cluster"]["id"]
+    for body in (b"not json", b'{"bogus": 1}', b'{"status": "nope"}'):
+        r = client.patch(f"/api/v1/clusters/{cid}", data=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 401, (body, r.json)
+        r = client.patch(f"/api/v1/clusters/{cid}", data=body,
+                         headers={"Content-Type": "application/json", **auth_header})  # upload scope: too weak
+        assert r.status_code == 403, (body, r.json)
+    assert client.delete("/api/v1/bundles/x").status_code == 401
+    assert post_raw(client, b"not json", {}).status_code == 401
+
+
+def test_private_mode_authenticates_before_validating(make_app):
+    app = make_app(PRIVATE=True)
+    client = app.test_client()
+    for path in ("/api/v1/clusters?page=abc", "/api/v1/clusters?per_page=0&sort=x", "/api/v1/openapi.json",
+                 "/api/v1/clusters/%C2%B3", "/api/v1/nothing-here"):
+        r = client.get(path)
+        assert r.status_code == 401 and r.json["error"]["code"] == "unauthorized", path
+    r = client.get("/?page=abc")
+    assert r.status_code == 302 and "/login" in r.headers["Location"]
+
+
+def test_private_md_answers_401_as_json(make_app):
+    app = make_app(PRIVATE=True)
+    r = app.test_client().get("/bundles/01JDQZ0000000000000000000A.md")
+    assert r.status_code == 401
+    assert not r.mimetype.startswith("text/html") and "<html" not in r.get_data(as_text=True).lower()
+
+
+def test_private_healthz_says_status_only(make_app):
+    app = make_app(PRIVATE=True)
+    r = app.test_client().get("/healthz")
+    assert r.status_code == 200 and r.json == {"status": "ok"}
+    assert app.test_client().get("/login").status_code == 200
