@@ -86,9 +86,15 @@ def _parse_float(text: str) -> float:
     return value
 
 
-def _parse_int(text: str) -> int:
-    if len(text.lstrip("-")) > 19:
-        raise ApiError(422, "integer out of range (more than 19 digits)", code="invalid")
+def _parse_int(text: str) -> int | float:
+    """An integer, or beyond 64 bits the JSON number as a float (as JavaScript reads it): open
+    sections keep it, typed integer fields (bounded in the OpenAPI document) refuse it. ``float`` is
+    linear in the digits, ``int`` is not; more digits than a double holds are refused as infinite."""
+    if len(text.lstrip("-")) > 18:
+        value = int(text) if len(text.lstrip("-")) <= 19 else None
+        if value is None or abs(value) > MAX_ABS_INT:
+            return _parse_float(text)
+        return value
     return int(text)
 
 
@@ -229,8 +235,11 @@ def check_and_clean(obj: object, *, max_depth: int, max_string: int, max_log_lin
         if isinstance(value, bool) or value is None:
             return value
         if isinstance(value, int):
-            if abs(value) > MAX_ABS_INT:
-                raise ApiError(422, "integer out of range", code="invalid", field=path or None)
+            if abs(value) > MAX_ABS_INT:  # beyond 64 bits: the number as a float (see _parse_int)
+                try:
+                    return walk(float(value), path, depth)
+                except OverflowError:
+                    raise ApiError(422, "numbers must be finite", code="invalid", field=path or None) from None
             return value
         if isinstance(value, float):
             if not math.isfinite(value):

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
-from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate, validates
+from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
 
 from kvreport_server.models import CLUSTER_STATUSES
 from kvreport_server.queries import SORTS
 
+NO_NUL = r"^[^\u0000]*$"
+ISSUE_URL = r"^(https?://[^ \t\r\n<>\"'\u0000]*)?$"
+INT64 = 2**63 - 1
+
 
 class SafeString(fields.String):
-    """A string PostgreSQL can store and compare: no NUL characters, no lone surrogates."""
+    """A string PostgreSQL can store and compare: no NUL characters, no lone surrogates. The
+    OpenAPI document says so (``pattern``), unless the field has a pattern of its own."""
+
+    def __init__(self, *args, **kwargs):
+        metadata = dict(kwargs.pop("metadata", None) or {})
+        validators = kwargs.get("validate")
+        validators = validators if isinstance(validators, list | tuple) else [validators] if validators else []
+        if not any(isinstance(v, validate.Regexp | validate.OneOf) for v in validators):
+            metadata.setdefault("pattern", NO_NUL)
+        super().__init__(*args, metadata=metadata, **kwargs)
 
     def _deserialize(self, value, attr, data, **kwargs):
         text = super()._deserialize(value, attr, data, **kwargs)
@@ -172,15 +185,12 @@ class ClusterPatchSchema(Schema):
         unknown = "raise"
 
     known_fix = SafeString(allow_none=True, validate=validate.Length(max=20000))
-    issue_url = SafeString(allow_none=True, validate=validate.Length(max=500))
+    # the pattern is what the OpenAPI document states and what is checked: http(s) only, no spaces,
+    # quotes, angle brackets or NUL; "" clears the link
+    issue_url = SafeString(allow_none=True, validate=[
+        validate.Length(max=500),
+        validate.Regexp(ISSUE_URL, error="must be an http(s) URL without spaces or quotes")])
     status = SafeString(validate=validate.OneOf(CLUSTER_STATUSES))
-
-    @validates("issue_url")
-    def _url(self, value, **_kw):
-        if value and not (value.startswith("https://") or value.startswith("http://")):
-            raise ValidationError("must be an http(s) URL")
-        if value and any(ch in value for ch in " \t\r\n<>\"'\x00"):
-            raise ValidationError("must be a URL without spaces or quotes")
 
 
 class DeletedSchema(Schema):

@@ -363,3 +363,28 @@ def test_private_healthz_says_status_only(make_app):
     r = app.test_client().get("/healthz")
     assert r.status_code == 200 and r.json == {"status": "ok"}
     assert app.test_client().get("/login").status_code == 200
+
+
+# --- item 11: the OpenAPI document states the limits ------------------------------------------------
+
+def test_openapi_states_the_limits(client):
+    spec = client.get("/api/v1/openapi.json").json
+    params = {p["name"]: p["schema"] for p in spec["paths"]["/api/v1/clusters"]["get"]["parameters"]}
+    assert params["q"]["pattern"] == "^[^\\u0000]*$" and params["q"]["maxLength"] == 200
+    assert params["page"]["minimum"] == 1 and params["page"]["maximum"] == 100000
+    patch = spec["components"]["schemas"]["ClusterPatch"]["properties"]
+    assert patch["issue_url"]["pattern"].startswith("^(https?://")
+    schemas = spec["components"]["schemas"]
+    assert schemas["Engine"]["properties"]["build_number"]["maximum"] == 2**63 - 1
+    assert "anyOf" not in schemas["Bundle"]["properties"]["log"]  # not "any object"
+    post = spec["paths"]["/api/v1/bundles"]["post"]["responses"]
+    assert "413" in post and "415" in post and "422" in post
+
+
+def test_big_integers_in_open_sections_are_numbers_not_errors(client, auth_header):
+    body = json.dumps(minimal_bundle(host={"os": "Linux", "big": "@"})).encode().replace(b'"@"', b"1" * 40)
+    r = post_raw(client, body, auth_header)
+    assert r.status_code == 201, r.json
+    b = minimal_bundle(engine={"name": "llama.cpp", "build_number": "@"})
+    r = post_raw(client, json.dumps(b).encode().replace(b'"@"', b"1" * 40), auth_header)
+    assert r.status_code == 422 and r.json["error"]["field"] == "engine.build_number"
