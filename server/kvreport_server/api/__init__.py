@@ -63,9 +63,8 @@ def _state_limits(schemas: dict) -> None:
     walk(schemas)
     lines = (schemas.get("Log") or {}).get("properties", {}).get("lines")
     if isinstance(lines, dict) and lines.get("items") == {}:
-        # a log line is [line number >= 1, text]; OpenAPI 3.0 has no tuples, so: two items, the
-        # first an integer, the second a string
-        lines["items"] = {"type": "array", "minItems": 2, "maxItems": 2,
-                          "items": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": INT64},
-                                              {"type": "string"}]},
+        # a log line is [line number >= 1, text]: stated as a JSON Schema (draft 4) tuple, which
+        # schemathesis and jsonschema read (OpenAPI 3.0 proper has no tuples)
+        lines["items"] = {"type": "array", "minItems": 2, "maxItems": 2, "additionalItems": False,
+                          "items": [{"type": "integer", "minimum": 1, "maximum": INT64}, {"type": "string"}],
                           "description": "[line number (integer >= 1), text (string)]"}
