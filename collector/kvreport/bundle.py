@@ -69,6 +69,15 @@ def _finite_number(**kw):
     return fields.Float(allow_nan=False, allow_none=True, **kw)
 
 
+class StrictBoolean(fields.Boolean):
+    """``true`` or ``false`` only: no ``"yes"``, ``"on"``, ``1`` or ``"true"`` coerced."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if not isinstance(value, bool):
+            raise self.make_error("invalid", input=value)
+        return value
+
+
 class _Open(Schema):
     """A section whose unknown keys are kept as they are."""
 
@@ -89,7 +98,7 @@ class HostSchema(_Open):
     swap_total_mib = _finite_number()
     swap_free_mib = _finite_number()
     container = fields.Raw(allow_none=True)
-    wsl = fields.Boolean(allow_none=True)
+    wsl = StrictBoolean(allow_none=True)
 
 
 class ProcessSchema(_Open):
@@ -138,7 +147,7 @@ class ModelSchema(_Open):
 
 class LogSchema(_Open):
     line_count = fields.Integer(required=True, strict=True, validate=validate.Range(min=0))
-    truncated = fields.Boolean(load_default=False)
+    truncated = StrictBoolean(load_default=False)
     source = fields.String(allow_none=True)
     lines = fields.List(
         fields.Tuple((fields.Integer(strict=True, validate=validate.Range(min=1)), fields.String())),

@@ -146,9 +146,11 @@ def _int_or_none(value, lo: int = -(2**31), hi: int = 2**31 - 1) -> int | None:
         return None
     if isinstance(value, int):
         return value if lo <= value <= hi else None
-    if isinstance(value, str) and value.strip().isdigit():
-        v = int(value.strip()[:18])
-        return v if lo <= v <= hi else None
+    if isinstance(value, str):
+        from kvreport_server.limits import ascii_int
+
+        v = ascii_int(value.strip(), max_digits=18)  # ASCII digits only: int("²") raises
+        return v if v is not None and lo <= v <= hi else None
     return None
 
 

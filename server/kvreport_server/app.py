@@ -8,7 +8,7 @@ import logging
 import sys
 import time
 
-from flask import Flask, g, request
+from flask import Flask, current_app, g, request
 from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
 from flask_wtf.csrf import CSRFProtect
@@ -60,6 +60,7 @@ def create_app(config: dict | None = None) -> Flask:
     csrf.exempt(api_bundles.blp)
     csrf.exempt(api_clusters.blp)
     _init_limiter(app, cfg, (api_bundles.blp, api_clusters.blp), web_bp)
+    app.before_request(_access_gate)
     register_error_handlers(app)
     _init_logging(app, bool(cfg.get("LOG_REQUESTS", True)))
 
@@ -82,12 +83,45 @@ def create_app(config: dict | None = None) -> Flask:
 
 
 def _token_key() -> str:
-    """Rate-limit key: the token's public prefix when one is sent, else the client address."""
-    header = request.headers.get("Authorization", "")
-    parts = header.partition(" ")[2].strip().split("_")
-    if len(parts) >= 3 and parts[0] == "kvr":
-        return "token:" + parts[1][:16]
+    """Rate-limit key: the VERIFIED token when one is sent and valid, else the client address (so a
+    made-up token neither escapes the anonymous limit nor spends a real token's quota)."""
+    row, _problem = auth.resolve_token()
+    if row is not None:
+        return f"token:{row.id}"
     return "addr:" + (get_remote_address() or "?")
+
+
+# API writes and the scope each needs: checked before the body or query is read (issue 13, item 10)
+WRITE_SCOPES = {
+    ("bundles.Bundles", "POST"): "upload",
+    ("bundles.BundleItem", "DELETE"): "admin",
+    ("clusters.ClusterItem", "PATCH"): "write",
+}
+OPEN_ENDPOINTS = ("web.login", "web.logout", "web.healthz", "static")
+
+
+def _access_gate():
+    """Authentication before validation: API writes need their token first, and a private server
+    lets an anonymous caller reach nothing but /healthz (status only) and the sign-in page."""
+    endpoint = request.endpoint or ""
+    if endpoint in OPEN_ENDPOINTS:
+        return None
+    if "Authorization" in request.headers:
+        auth.bearer_token()  # a token that is sent is checked (401, or 429 after too many failures)
+    scope = WRITE_SCOPES.get((endpoint, request.method))
+    if scope is not None:
+        auth.require_scope(scope)
+        return None
+    if not current_app.config.get("PRIVATE"):
+        return None
+    if auth.can_read():
+        return None
+    path = request.path
+    if path.startswith("/api/") or path.endswith((".json", ".md")) or endpoint.startswith("api-docs"):
+        auth.require_read()  # raises the JSON 401
+    from flask import redirect, url_for
+
+    return redirect(url_for("web.login", next=request.path if request.method == "GET" else None))
 
 
 def _init_limiter(app: Flask, cfg: dict, api_blps, web_bp) -> None:
@@ -98,6 +132,14 @@ def _init_limiter(app: Flask, cfg: dict, api_blps, web_bp) -> None:
                       headers_enabled=True, enabled=bool(upload or read or login), key_prefix=f"kvr{id(app)}",
                       strategy="moving-window")
     app.extensions["kvreport_limiter"] = limiter
+    fails = cfg.get("RATE_LIMIT_AUTH_FAILURES")
+    if fails:
+        from limits import parse
+        from limits.storage import storage_from_string
+        from limits.strategies import MovingWindowRateLimiter
+
+        storage = storage_from_string(cfg.get("RATE_LIMIT_STORAGE") or "memory://")
+        app.extensions["kvreport_auth_failures"] = (MovingWindowRateLimiter(storage), parse(str(fails)))
     for blp in api_blps:
         if upload:
             limiter.limit(upload, methods=["POST", "PATCH", "DELETE"], key_func=_token_key)(blp)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
 
 from flask import current_app, g, request
 from flask_login import LoginManager, current_user
@@ -76,24 +77,75 @@ def lookup_token(session: Session, token: str) -> ApiToken | None:
     return row
 
 
-def bearer_token() -> ApiToken | None:
-    """The request's token (cached in ``g``); raises 401 when a token is given but invalid."""
-    if "api_token" in g:
-        return g.api_token
+def client_address() -> str:
+    return request.remote_addr or "?"
+
+
+def _auth_failures():
+    """(moving-window limiter, rate) counting failed authentications per client address, or None."""
+    return current_app.extensions.get("kvreport_auth_failures")
+
+
+def auth_throttled() -> bool:
+    """True when this client address has used up its failed authentications (a 429 follows)."""
+    fails = _auth_failures()
+    if fails is None:
+        return False
+    limiter, rate = fails
+    return not limiter.test(rate, "authfail", client_address())
+
+
+def count_auth_failure() -> None:
+    fails = _auth_failures()
+    if fails is not None:
+        limiter, rate = fails
+        limiter.hit(rate, "authfail", client_address())
+
+
+def _throttled_error() -> ApiError:
+    return ApiError(429, "too many failed authentications from this address; wait and try again",
+                    code="rate_limited", headers={"Retry-After": "60"})
+
+
+def resolve_token() -> tuple[ApiToken | None, str | None]:
+    """The request's verified token and what went wrong, without raising; cached per request.
+
+    ``(row, None)`` for a valid token, ``(None, None)`` without an Authorization header, else
+    ``(None, "malformed" | "invalid" | "throttled")``. A wrong token counts as a failed
+    authentication of the client address; an address over its failures is not checked at all.
+    """
+    if "token_check" in g:
+        return g.token_check
     header = request.headers.get("Authorization", "")
-    token = None
+    result: tuple[ApiToken | None, str | None] = (None, None)
     if header:
         kind, _, value = header.partition(" ")
-        if kind.lower() != "bearer" or not value.strip():
-            raise ApiError(401, "Authorization must be 'Bearer <token>'", code="unauthorized",
-                           headers={"WWW-Authenticate": 'Bearer realm="kvreport"'})
-        token = value.strip()
-    row = None
-    if token is not None:
-        row = lookup_token(get_session(), token)
-        if row is None:
-            raise ApiError(401, "invalid or revoked token", code="unauthorized",
-                           headers={"WWW-Authenticate": 'Bearer realm="kvreport", error="invalid_token"'})
+        if auth_throttled():
+            result = (None, "throttled")
+        elif kind.lower() != "bearer" or not value.strip():
+            count_auth_failure()
+            result = (None, "malformed")
+        else:
+            row = lookup_token(get_session(), value.strip())
+            if row is None:
+                count_auth_failure()
+            result = (row, None if row is not None else "invalid")
+    g.token_check = result
+    return result
+
+
+def bearer_token() -> ApiToken | None:
+    """The request's token (cached in ``g``); raises 401 when a token is given but invalid, 429 when
+    the client address has failed too often."""
+    row, problem = resolve_token()
+    if problem == "throttled":
+        raise _throttled_error()
+    if problem == "malformed":
+        raise ApiError(401, "Authorization must be 'Bearer <token>'", code="unauthorized",
+                       headers={"WWW-Authenticate": 'Bearer realm="kvreport"'})
+    if problem == "invalid":
+        raise ApiError(401, "invalid or revoked token", code="unauthorized",
+                       headers={"WWW-Authenticate": 'Bearer realm="kvreport", error="invalid_token"'})
     g.api_token = row
     return row
 
@@ -128,6 +180,13 @@ def can_read() -> bool:
     if current_user.is_authenticated:
         return True
     return bearer_token() is not None
+
+
+def can_read_quietly() -> bool:
+    """``can_read`` that never raises (a wrong token is simply no token)."""
+    if not current_app.config.get("PRIVATE") or current_user.is_authenticated:
+        return True
+    return resolve_token()[0] is not None
 
 
 def require_read() -> None:
@@ -171,14 +230,50 @@ def check_login(session: Session, username: str, password: str) -> User | None:
     return user if check_password_hash(user.password_hash, password) else None
 
 
+def start_session(user: User) -> None:
+    """Sign ``user`` in: the session cookie carries the user's session version and its last use."""
+    from flask import session
+    from flask_login import login_user
+
+    login_user(user)
+    session["sv"] = int(user.session_version or 0)
+    session["seen"] = int(time.time())
+
+
+def end_session() -> None:
+    """Sign out everywhere: the user's session version moves on, so every cookie issued before
+    (a copied or replayed one included) stops working."""
+    from flask import session
+    from flask_login import logout_user
+
+    uid = getattr(current_user, "id", None) if current_user.is_authenticated else None
+    if uid is not None:
+        db = get_db()
+        with db.write_lock(), db.Session() as s, s.begin():
+            s.execute(update(User).where(User.id == uid).values(session_version=User.session_version + 1))
+    logout_user()
+    session.clear()
+
+
 @login_manager.user_loader
 def _load_user(user_id: str):
+    from flask import session
+
     try:
         uid = int(user_id)
     except (TypeError, ValueError):
         return None
     user = get_session().get(User, uid)
-    return user if user is not None and not user.disabled else None
+    if user is None or user.disabled or session.get("sv") != int(user.session_version or 0):
+        return None
+    now = int(time.time())
+    seen = session.get("seen")
+    idle = int(current_app.config.get("SESSION_IDLE_SECONDS") or 0)
+    if not isinstance(seen, int) or (idle and now - seen > idle):
+        return None  # idle too long: sign in again
+    if now - seen >= 60:
+        session["seen"] = now
+    return user
 
 
 @login_manager.unauthorized_handler

@@ -20,12 +20,17 @@ DEFAULTS: dict[str, object] = {
     "MAX_JSON_BYTES": 20 * 2**20,    # KVREPORT_MAX_JSON_BYTES: after gzip decompression
     "MAX_JSON_DEPTH": 32,            # KVREPORT_MAX_JSON_DEPTH: nesting of objects/arrays
     "MAX_STRING_CHARS": 65536,       # KVREPORT_MAX_STRING_CHARS: any single string
+    "MAX_JSON_NODES": 200000,        # KVREPORT_MAX_JSON_NODES: values and keys of an upload, all together
+    "MAX_JSON_ITEMS": 20000,         # KVREPORT_MAX_JSON_ITEMS: entries of any one array or object
     "MAX_LOG_LINES": 20000,          # KVREPORT_MAX_LOG_LINES: entries of log.lines
     "MAX_DEVICES": 64,               # KVREPORT_MAX_DEVICES: entries of devices
     "SECRETS_POLICY": "refuse",      # KVREPORT_SECRETS_POLICY: refuse | flag (server's second redaction pass)
     "RATE_LIMIT_UPLOAD": None,       # KVREPORT_RATE_LIMIT_UPLOAD, e.g. "120/minute" per token (off when unset)
     "RATE_LIMIT_READ": None,         # KVREPORT_RATE_LIMIT_READ, e.g. "600/minute" per client (off when unset)
     "RATE_LIMIT_LOGIN": "20/minute",  # KVREPORT_RATE_LIMIT_LOGIN: sign-in attempts per client address ("" = off)
+    "RATE_LIMIT_AUTH_FAILURES": "20/minute",  # KVREPORT_RATE_LIMIT_AUTH_FAILURES: failed token/sign-in checks
+                                     # per client address; over it: 429 before any check ("" = off)
+    "SESSION_IDLE_SECONDS": 8 * 3600,  # KVREPORT_SESSION_IDLE_SECONDS: a sign-in idle this long ends
     "RATE_LIMIT_STORAGE": "memory://",  # KVREPORT_RATE_LIMIT_STORAGE (Flask-Limiter storage URI)
     "SECURE_COOKIES": None,          # KVREPORT_SECURE_COOKIES=1 behind TLS (default: on when PUBLIC_URL is https)
     "TRUST_PROXY": 0,                # KVREPORT_TRUST_PROXY: number of proxies in front (X-Forwarded-*)
@@ -33,8 +38,8 @@ DEFAULTS: dict[str, object] = {
     "LOG_REQUESTS": True,            # KVREPORT_LOG_REQUESTS=0 turns the JSON request log off
 }
 
-_INT_KEYS = {"MAX_BODY_BYTES", "MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_STRING_CHARS", "MAX_LOG_LINES",
-             "MAX_DEVICES", "TRUST_PROXY", "PAGE_SIZE"}
+_INT_KEYS = {"MAX_BODY_BYTES", "MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_STRING_CHARS", "MAX_JSON_NODES",
+             "MAX_JSON_ITEMS", "MAX_LOG_LINES", "MAX_DEVICES", "TRUST_PROXY", "PAGE_SIZE", "SESSION_IDLE_SECONDS"}
 _BOOL_KEYS = {"PRIVATE", "SECURE_COOKIES", "LOG_REQUESTS"}
 
 
@@ -77,7 +82,7 @@ def _check_choices(cfg: dict) -> None:
         raise ValueError(f"KVREPORT_SECRETS_POLICY must be refuse or flag, not {cfg['SECRETS_POLICY']!r}")
     from limits import parse_many
 
-    for key in ("RATE_LIMIT_UPLOAD", "RATE_LIMIT_READ", "RATE_LIMIT_LOGIN"):
+    for key in ("RATE_LIMIT_UPLOAD", "RATE_LIMIT_READ", "RATE_LIMIT_LOGIN", "RATE_LIMIT_AUTH_FAILURES"):
         if cfg.get(key):
             try:
                 parse_many(str(cfg[key]))

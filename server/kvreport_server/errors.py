@@ -17,7 +17,7 @@ log = logging.getLogger("kvreport_server")
 _CODES = {
     400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
     405: "method_not_allowed", 406: "not_acceptable", 409: "conflict", 413: "too_large",
-    415: "unsupported_media_type", 422: "invalid", 429: "rate_limited", 500: "internal",
+    415: "unsupported_media_type", 422: "invalid", 429: "rate_limited", 431: "headers_too_large", 500: "internal",
     503: "unavailable",
 }
 
@@ -46,7 +46,7 @@ def error_body(code: str, message: str, field: str | None = None, **extra) -> di
 
 def wants_json() -> bool:
     path = request.path
-    if path.startswith("/api/") or path.endswith(".json") or path == "/healthz":
+    if path.startswith("/api/") or path.endswith((".json", ".md")) or path == "/healthz":
         return True
     best = request.accept_mimetypes.best_match(["text/html", "application/json"])
     return best == "application/json" and not request.accept_mimetypes.accept_html

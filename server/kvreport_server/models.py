@@ -140,6 +140,8 @@ class User(Base):
     is_maintainer: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     disabled: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+    # moves on at every sign-out: session cookies carry the version they were issued with
+    session_version: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
 
     # Flask-Login protocol
     @property

@@ -11,6 +11,7 @@ import datetime as dt
 from sqlalchemy import and_, case, exists, func, or_, select
 from sqlalchemy.orm import Session
 
+from kvreport_server.limits import ascii_int
 from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet
 from kvreport_server.store import as_utc
 
@@ -199,7 +200,7 @@ def cluster_detail(session: Session, cluster_id: int, newest: int = 20) -> dict 
     facets = top_facets(session, [c.id], kinds, per_kind=50).get(c.id, {})
     out["facets"] = {k: [{"value": v, "count": n} for v, n in facets.get(k, [])] for k in kinds}
     if facets.get("n_ctx"):
-        out["facets"]["n_ctx"].sort(key=lambda x: int(x["value"]) if x["value"].isdigit() else 0)
+        out["facets"]["n_ctx"].sort(key=lambda x: ascii_int(x["value"], 30) or 0)
     out["sparkline"] = sparklines(session, [c.id]).get(c.id, [0] * SPARK_DAYS)
     out["regression"] = regression(session, c)
     rows = session.execute(select(Bundle).where(Bundle.cluster_id == c.id)

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
-from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate, validates
+from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
 
 from kvreport_server.models import CLUSTER_STATUSES
 from kvreport_server.queries import SORTS
 
+NO_NUL = r"^[^\u0000]*$"
+ISSUE_URL = r"^(https?://[^ \t\r\n<>\"'\u0000]*)?$"
+INT64 = 2**63 - 1
+
 
 class SafeString(fields.String):
-    """A string PostgreSQL can store and compare: no NUL characters, no lone surrogates."""
+    """A string PostgreSQL can store and compare: no NUL characters, no lone surrogates. The
+    OpenAPI document says so (``pattern``), unless the field has a pattern of its own."""
+
+    def __init__(self, *args, **kwargs):
+        metadata = dict(kwargs.pop("metadata", None) or {})
+        validators = kwargs.get("validate")
+        validators = validators if isinstance(validators, list | tuple) else [validators] if validators else []
+        if not any(isinstance(v, validate.Regexp | validate.OneOf) for v in validators):
+            metadata.setdefault("pattern", NO_NUL)
+        super().__init__(*args, metadata=metadata, **kwargs)
 
     def _deserialize(self, value, attr, data, **kwargs):
         text = super()._deserialize(value, attr, data, **kwargs)
@@ -20,6 +33,20 @@ class SafeString(fields.String):
         except UnicodeEncodeError:
             raise ValidationError("must be valid Unicode text") from None
         return text
+
+
+class AsciiInteger(fields.Integer):
+    """An integer from a query string: ASCII digits only (``int()`` would take ``٣``; ``²`` would fail)."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if isinstance(value, str):
+            from kvreport_server.limits import ascii_int
+
+            parsed = ascii_int(value, max_digits=18, signed=True)
+            if parsed is None:
+                raise self.make_error("invalid", input=value)
+            value = parsed
+        return super()._deserialize(value, attr, data, **kwargs)
 
 
 class ApiErrorDetailSchema(Schema):
@@ -149,8 +176,8 @@ class ClusterQuerySchema(Schema):
     status = SafeString(validate=validate.OneOf(CLUSTER_STATUSES))
     q = SafeString(validate=validate.Length(max=200))
     sort = SafeString(load_default="count", validate=validate.OneOf(SORTS))
-    page = fields.Integer(load_default=1, validate=validate.Range(min=1, max=100000))
-    per_page = fields.Integer(load_default=None, validate=validate.Range(min=1, max=200))
+    page = AsciiInteger(load_default=1, validate=validate.Range(min=1, max=100000))
+    per_page = AsciiInteger(load_default=None, validate=validate.Range(min=1, max=200))
 
 
 class ClusterPatchSchema(Schema):
@@ -158,15 +185,12 @@ class ClusterPatchSchema(Schema):
         unknown = "raise"
 
     known_fix = SafeString(allow_none=True, validate=validate.Length(max=20000))
-    issue_url = SafeString(allow_none=True, validate=validate.Length(max=500))
+    # the pattern is what the OpenAPI document states and what is checked: http(s) only, no spaces,
+    # quotes, angle brackets or NUL; "" clears the link
+    issue_url = SafeString(allow_none=True, validate=[
+        validate.Length(max=500),
+        validate.Regexp(ISSUE_URL, error="must be an http(s) URL without spaces or quotes")])
     status = SafeString(validate=validate.OneOf(CLUSTER_STATUSES))
-
-    @validates("issue_url")
-    def _url(self, value, **_kw):
-        if value and not (value.startswith("https://") or value.startswith("http://")):
-            raise ValidationError("must be an http(s) URL")
-        if value and any(ch in value for ch in " \t\r\n<>\"'\x00"):
-            raise ValidationError("must be a URL without spaces or quotes")
 
 
 class DeletedSchema(Schema):

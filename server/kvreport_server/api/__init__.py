@@ -32,4 +32,39 @@ def init_api(app: Flask) -> Api:
         api.spec.components.schema("Bundle", schema=BundleSchema)
     api.register_blueprint(bundles.blp)
     api.register_blueprint(clusters.blp)
+    _state_limits(api.spec.components.schemas)
     return api
+
+
+def _state_limits(schemas: dict) -> None:
+    """Integers the server reads are 64-bit (issue 13, item 11): every integer property of the
+    documented schemas without a range gets -(2**63-1)..2**63-1 (a bigger one in a typed field is
+    refused; in an open section it is kept as a float)."""
+    from kvreport_server.schemas import INT64
+
+    def walk(node):
+        if isinstance(node, dict):
+            any_of = node.get("anyOf")
+            if (isinstance(any_of, list) and len(any_of) == 2 and "$ref" in any_of[0]
+                    and any_of[1] == {"type": "object", "nullable": True}):
+                # apispec's "Nested or null" lets any object through; say "this schema, or null"
+                del node["anyOf"]
+                node["allOf"] = [any_of[0]]
+                node["nullable"] = True
+            if node.get("type") == "integer":
+                node.setdefault("minimum", -INT64)
+                node.setdefault("maximum", INT64)
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(schemas)
+    lines = (schemas.get("Log") or {}).get("properties", {}).get("lines")
+    if isinstance(lines, dict) and lines.get("items") == {}:
+        # a log line is [line number >= 1, text]: stated as a JSON Schema (draft 4) tuple, which
+        # schemathesis and jsonschema read (OpenAPI 3.0 proper has no tuples)
+        lines["items"] = {"type": "array", "minItems": 2, "maxItems": 2, "additionalItems": False,
+                          "items": [{"type": "integer", "minimum": 1, "maximum": INT64}, {"type": "string"}],
+                          "description": "[line number (integer >= 1), text (string)]"}

@@ -38,7 +38,9 @@ def parse_upload() -> tuple[dict, int]:
         raise ApiError(415, f"Content-Type must be application/json, not {ctype}", code="unsupported_media_type")
     cfg = current_app.config
     body = limits.read_body(request, cfg["MAX_BODY_BYTES"], cfg["MAX_JSON_BYTES"])
-    data = limits.parse_json(body)
+    data = limits.parse_json(body, max_nodes=cfg["MAX_JSON_NODES"], max_depth=cfg["MAX_JSON_DEPTH"],
+                             max_items=max(cfg["MAX_JSON_ITEMS"], cfg["MAX_LOG_LINES"]),
+                             max_string=cfg["MAX_STRING_CHARS"])
     data = limits.check_and_clean(data, max_depth=cfg["MAX_JSON_DEPTH"], max_string=cfg["MAX_STRING_CHARS"],
                                   max_log_lines=cfg["MAX_LOG_LINES"], max_devices=cfg["MAX_DEVICES"])
     from kvreport.bundle import ACCEPTED_SCHEMAS, BundleError, validate_bundle

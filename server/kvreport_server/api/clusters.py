@@ -10,6 +10,7 @@ from kvreport_server import auth
 from kvreport_server.api.common import error_responses
 from kvreport_server.db import get_db, get_session
 from kvreport_server.errors import ApiError
+from kvreport_server.limits import ascii_int
 from kvreport_server.queries import cluster_detail, list_clusters
 from kvreport_server.schemas import (
     ClusterDetailSchema,
@@ -39,9 +40,10 @@ class Clusters(MethodView):
 
 
 def _cluster_id(raw: str) -> int:
-    if not raw.isdigit() or len(raw) > 9:
+    value = ascii_int(raw, max_digits=9)
+    if value is None:
         raise ApiError(404, f"no cluster {raw[:40]}", code="not_found")
-    return int(raw)
+    return value
 
 
 @blp.route("/clusters/<string:cluster_id>")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from urllib.parse import unquote, urlsplit
 
 from flask import (
     Blueprint,
@@ -15,7 +17,6 @@ from flask import (
     request,
     url_for,
 )
-from flask_login import login_user, logout_user
 from marshmallow import ValidationError
 from sqlalchemy import text
 
@@ -24,6 +25,7 @@ from kvreport_server import analysis, auth
 from kvreport_server.api.bundles import is_bundle_id
 from kvreport_server.db import get_db, get_session
 from kvreport_server.errors import ApiError
+from kvreport_server.limits import ascii_int
 from kvreport_server.models import CLUSTER_STATUSES, Bundle, Cluster
 from kvreport_server.queries import cluster_detail, filter_choices, list_clusters
 from kvreport_server.schemas import ClusterQuerySchema
@@ -47,25 +49,18 @@ bp.add_app_template_global(fmt_mib, "fmt_mib")
 bp.add_app_template_global(MIB, "MIB")
 
 
-@bp.before_request
-def _private_gate():
-    if request.endpoint in ("web.login", "web.healthz", "web.logout", "static"):
-        return None
-    if not auth.can_read():
-        if request.path.endswith((".json", ".md")):
-            raise ApiError(401, "this server is private: sign in or send a token", code="unauthorized")
-        return redirect(url_for("web.login", next=request.path))
-    return None
-
-
 @bp.get("/healthz")
 def healthz():
+    # a private server tells an anonymous caller its status and nothing else
+    detail = not current_app.config.get("PRIVATE") or auth.can_read_quietly()
     try:
         with get_db().engine.connect() as conn:
             conn.execute(text("SELECT 1"))
     except Exception as exc:  # noqa: BLE001 - any database failure is "unavailable"
         current_app.logger.warning("healthz: database unavailable: %s", exc)
-        return {"status": "unavailable", "database": "error"}, 503
+        return ({"status": "unavailable", "database": "error"} if detail else {"status": "unavailable"}), 503
+    if not detail:
+        return {"status": "ok"}
     return {"status": "ok", "database": "ok", "analyzer_version": analysis.analyzer_version()}
 
 
@@ -86,10 +81,11 @@ def index():
                            filters=active, statuses=CLUSTER_STATUSES, choices=filter_choices(get_session()))
 
 
-@bp.route("/clusters/<int:cluster_id>", methods=["GET", "POST"])
-def cluster(cluster_id: int):
+@bp.route("/clusters/<string:cluster_id>", methods=["GET", "POST"])
+def cluster(cluster_id: str):
     session = get_session()
-    c = session.get(Cluster, cluster_id) if cluster_id < 2**31 else None
+    cluster_id = ascii_int(cluster_id, max_digits=9)  # ASCII digits only (werkzeug's int takes "٣")
+    c = session.get(Cluster, cluster_id) if cluster_id is not None else None
     if c is None:
         abort(404)
     form = ClusterForm(obj=c) if request.method == "GET" else ClusterForm()
@@ -139,22 +135,44 @@ def bundle(name: str):
                            issue_url=new_issue_url(current_app.config.get("ISSUE_REPO"), title, md), url=url)
 
 
+_UNSAFE_NEXT = re.compile(r"[\x00-\x1f\x7f\\]")
+
+
+def safe_next(target: str | None) -> str | None:
+    """``target`` when it is a path on this site, else None (the caller goes to ``/``).
+
+    A same-site path starts with one ``/`` (not ``//`` or ``/\\``), and neither it nor its unquoted
+    form holds a backslash, a control character, a tab, CR or LF (browsers drop tabs and newlines,
+    so ``/\t/evil.example`` would become ``//evil.example``), and it names no scheme or host.
+    """
+    if not target or len(target) > 2000:
+        return None
+    for form in (target, unquote(target)):
+        if not form.startswith("/") or form.startswith("//") or _UNSAFE_NEXT.search(form):
+            return None
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc:
+        return None
+    return target
+
+
 @bp.route("/login", methods=["GET", "POST"])
 def login():
     form = LoginForm()
     if form.validate_on_submit():
+        if auth.auth_throttled():
+            raise ApiError(429, "too many failed sign-ins from this address; wait and try again",
+                           code="rate_limited", headers={"Retry-After": "60"})
         user = auth.check_login(get_session(), form.username.data, form.password.data)
         if user is not None:
-            login_user(user)
-            target = request.args.get("next") or ""
-            if not target.startswith("/") or target.startswith("//") or "\\" in target or "\x00" in target:
-                target = url_for("web.index")
-            return redirect(target)
+            auth.start_session(user)
+            return redirect(safe_next(request.args.get("next")) or url_for("web.index"))
+        auth.count_auth_failure()
         flash("Wrong user name or password.")
     return render_template("login.html", form=form)
 
 
 @bp.post("/logout")
 def logout():
-    logout_user()
+    auth.end_session()
     return redirect(url_for("web.index"))
