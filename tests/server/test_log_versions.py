@@ -12,7 +12,7 @@ from kvreport_server import store
 
 SIG_A = "loc-17-fail-huge-ctx-verbose"
 SIG_B = "loc-23-fail-ulimit-compute-after-kv-800000"
-SIG_C = "loc-21-fail-ulimit-kv-600000"
+SIG_C = "loc-41-neg-ulimit-weights-buffer-no-mmap-150000"  # model_weights: a key of its own (scheme 2 has no verdict)
 GPU = "NVIDIA GeForce RTX 4090"
 
 
