@@ -70,7 +70,7 @@ _BYTES_PER_VALUE = BYTES_PER_VALUE
 # public API
 
 
-def analyze(bundle: dict) -> dict:
+def analyze(bundle: dict, explain: bool = False) -> dict:
     """The diagnosis of a bundle (design.md "Diagnosis JSON"). Pure; never raises on bad content.
 
     Reads ``bundle["log"]["lines"]``, ``bundle["command"]`` (flags parsed by
@@ -81,7 +81,7 @@ def analyze(bundle: dict) -> dict:
     log = bundle.get("log") if isinstance(bundle.get("log"), dict) else {}
     lines = log.get("lines") or []
     facts = parse_log(lines if isinstance(lines, list) else [])
-    return diagnose(facts, bundle)
+    return diagnose(facts, bundle, explain)
 
 
 def devices_in_log(bundle: dict) -> list[dict]:
@@ -106,7 +106,7 @@ def devices_in_log(bundle: dict) -> list[dict]:
     return out
 
 
-def analyze_text(text: str, command_line: str | None = None) -> dict:
+def analyze_text(text: str, command_line: str | None = None, explain: bool = False) -> dict:
     """The diagnosis of a raw log (or a bundle as JSON text), e.g. pasted from a GitHub issue.
 
     ``command_line``: the command that produced the log, if known (its flags refine the numbers
@@ -119,9 +119,9 @@ def analyze_text(text: str, command_line: str | None = None) -> dict:
         bundle = json.loads(text)
         if command_line:
             bundle["command"] = _parse_command(command_line)
-        return analyze(bundle)
+        return analyze(bundle, explain)
     facts = parse_log(text.splitlines())
-    return diagnose(facts, {"command": _parse_command(command_line)} if command_line else {})
+    return diagnose(facts, {"command": _parse_command(command_line)} if command_line else {}, explain)
 
 
 def _parse_command(line: str | None) -> dict:
@@ -136,11 +136,12 @@ def _parse_command(line: str | None) -> dict:
         return {"line": line}
 
 
-def diagnose(facts: LogFacts, bundle: dict | None = None) -> dict:
-    """The diagnosis from parsed log facts plus the rest of a bundle (command, devices, model)."""
+def diagnose(facts: LogFacts, bundle: dict | None = None, explain: bool = False) -> dict:
+    """The diagnosis from parsed log facts plus the rest of a bundle (command, devices, model). With ``explain``
+    it also holds ``explain``: for every fact, the rule and the log line behind it (:mod:`kvreport.explain`)."""
     bundle = bundle if isinstance(bundle, dict) else {}
     try:
-        return _Diagnosis(facts, bundle).run()
+        return _Diagnosis(facts, bundle, explain).run()
     except Exception as exc:  # noqa: BLE001 - the server must always get a diagnosis
         strict.check()
         return _fallback(facts, repr(exc))
@@ -247,10 +248,16 @@ def _groups(events: list[dict], keep_dry: bool = False) -> list[_Group]:
 # ---------------------------------------------------------------------------------------------
 
 
+def _line_of(ev: dict | None) -> list | None:
+    return [ev["lineno"], str(ev.get("line") or "")[:300]] if ev and ev.get("lineno") is not None else None
+
+
 class _Diagnosis:
-    def __init__(self, facts: LogFacts, bundle: dict):
+    def __init__(self, facts: LogFacts, bundle: dict, want_explain: bool = False):
         self.f = facts
         self.b = bundle
+        self.want_explain = want_explain
+        self.trail: dict = {"rule": None, "events": []}
         self.findings: list[dict] = []
         cmd = bundle.get("command") if isinstance(bundle.get("command"), dict) else {}
         if cmd and not isinstance(cmd.get("flags"), dict) and (cmd.get("line") or cmd.get("argv")):
@@ -310,6 +317,7 @@ class _Diagnosis:
         self.weak = False
         self.summary = None
         self.oom_event = None
+        self.trail: dict = {"rule": None, "events": []}
         if fatal:
             first = fatal[0]
             idx = groups.index(first)
@@ -330,6 +338,8 @@ class _Diagnosis:
                             f"{gg.get('device') or 'an unnamed device'}")
                     self.finding("secondary_failure", text, gg.get("line"))
             self.primary = primary
+            self.trail = {"rule": "logs.llamacpp failure chain (allocation group: backend refusal, ggml buffer, "
+                                  "reason)", "events": list(first.reasons) + list(primary.events)}
             phase = first.phase() if first.reasons else primary.phase()
             if phase == "unknown" and primary.reasons:
                 phase = "context"
@@ -340,6 +350,8 @@ class _Diagnosis:
             out["final_error"] = f.final_error
         elif strong_engine:
             ev = strong_engine[-1]
+            self.trail = {"rule": f"logs.{ev.get('engine') or self.f.engine or 'engine'} parser "
+                                  f"({ev.get('phase') or 'unknown'})", "events": [ev]}
             out["phase"] = ev.get("phase") or "unknown"
             out["backend"] = ev.get("backend") or "unknown"
             out["failing_device"] = ev.get("device")
@@ -352,6 +364,9 @@ class _Diagnosis:
             pass
         elif engine_events or configs or finals:
             out["phase"] = "unknown"
+            last = (engine_events or configs or finals)[-1]
+            self.trail = {"rule": f"logs.{last.get('engine') or 'llamacpp'} ({last['kind']}: a refusal or an end "
+                                  "line that names no memory failure)", "events": [last]}
             # the deepest specific reason (``n_seq_max must be <= 256``, ``error loading model: ...``), not the
             # generic epilogue (``exiting due to model loading error``) that follows it
             out["final_error"] = (f.cause_error if configs else None) or f.final_error or \
@@ -397,6 +412,7 @@ class _Diagnosis:
         specific = [e for e in evs if not e.get("generic")]
         ev = (specific or evs)[0] if not any(e.get("mib") for e in (specific or evs)) else \
             next(e for e in (specific or evs) if e.get("mib"))
+        self.trail = {"rule": f"logs.oom rule '{ev['rule']}'", "events": [ev]}
         out["phase"] = ev.get("phase") or self._oom_phase(ev)
         out["backend"] = ev.get("backend") or "unknown"
         out["failing_device"] = self._oom_device(ev)
@@ -435,6 +451,7 @@ class _Diagnosis:
         if not fatal or any(e["kind"] in ("engine", "config", "final") for e in real):
             return False
         out["phase"] = "unknown"
+        self.trail = {"rule": "logs.oom rule 'fatal-words'", "events": [fatal[-1]]}
         out["final_error"] = self.f.cause_error or self.f.final_error or fatal[-1]["line"]
         out["backend"] = next((e["backend"] for e in reversed(fatal) if e.get("backend")), "unknown")
         self.finding("failure_line", "the log shows a failure that kvreport does not read as a memory error",
@@ -558,6 +575,12 @@ class _Diagnosis:
         free = self._log_free(device, backend)
         if free is not None:
             self.free_source = "log"
+            src = (self.f.devices.get(device or "") or {}).get("source")
+            self.trail["free"] = {"rule": f"logs device lines ({src or 'the engine inventory'})", "basis": "log",
+                                  "line": next((self.f.source_lines[k] for k in (f"device:{device}", "fit:free",
+                                                                                  "free:ollama_gpu", "free:vulkan")
+                                                if k in self.f.source_lines), None),
+                                  "why": f"the free memory the engine printed for {device or 'the device'} at load"}
             return free
         if device:
             for entry in self.b.get("memory_before_launch") or []:
@@ -565,6 +588,8 @@ class _Diagnosis:
                     val = to_float(entry["free_mib"])
                     if val is not None:
                         self.free_source = "before_launch"
+                        self.trail["free"] = {"rule": "bundle.memory_before_launch", "basis": "bundle",
+                                              "why": "measured by kvreport run right before the engine started"}
                         return val
         return None
 
@@ -619,6 +644,10 @@ class _Diagnosis:
     def _free_and_verdict(self, out: dict) -> None:
         device, backend = out["failing_device"], out["backend"]
         free = out["free_mib"]
+        if free is not None:
+            ev = next((e for e in self.trail.get("events") or [] if e.get("free_mib") is not None), None)
+            self.trail["free"] = {"rule": self.trail.get("rule"), "line": _line_of(ev), "basis": "log",
+                                  "why": "the free memory the failing line itself states"}
         if free is None and out["phase"] not in ("none",):
             free = self._device_free(device, backend)
         out["free_mib"] = _r2(free)
@@ -717,6 +746,12 @@ class _Diagnosis:
             n_ctx, src = int(self.summary["n_ctx"]), "log"  # a typed summary: "requested ctx=262144"
         if not n_ctx and isinstance(fl.get("context_length"), int):
             n_ctx, src = fl["context_length"], "command"
+        sl = f.source_lines
+        self.trail["n_ctx_line"] = next((sl[k] for k in ("ctx:n_ctx", "ctx:kv_size", "fit:ctx", "kv",
+                                                         "ctx:ollama_kv_size") if k in sl), None) \
+            if src == "log" else None
+        if src == "log" and self.trail["n_ctx_line"] is None and self.summary:
+            self.trail["n_ctx_line"] = [self.summary["lineno"], self.summary["line"][:300]]
         n_seq = to_int(ctx.get("n_seq_max"))
         if not n_seq:
             par = fl.get("n_parallel")
@@ -1047,9 +1082,16 @@ class _Diagnosis:
         self.summary_numbers(failure, mem, cfg_d)
         self.log_findings(failure, cfg_d)
         sig = signature({"engine": engine, **failure})
-        suggestions = fixes.suggest(self._situation(engine, failure, mem, cfg_d))
-        return {"analyzer_version": ANALYZER_VERSION, "engine": engine, "failure": failure, "memory": mem,
-                "findings": self.findings, "signature": sig, "suggestions": suggestions}
+        suggestions, ranks = fixes.suggest_explained(self._situation(engine, failure, mem, cfg_d))
+        d = {"analyzer_version": ANALYZER_VERSION, "engine": engine, "failure": failure, "memory": mem,
+             "findings": self.findings, "signature": sig, "suggestions": suggestions}
+        if self.want_explain:
+            from kvreport.explain import explain
+
+            self.trail["suggestions"] = ranks
+            self.trail["config"] = {"n_ctx": cfg_d.get("n_ctx_source"), "n_ctx_line": self.trail.get("n_ctx_line")}
+            d["explain"] = explain(self.f, d, self.trail)
+        return d
 
     def _situation(self, engine: str, failure: dict, mem: dict, cfg_d: dict) -> fixes.Situation:
         f = self.f

@@ -110,7 +110,8 @@ def _extra(command_line: str | None, model_path: str | None) -> dict:
     return extra
 
 
-def _diagnose(fh, command_line: str | None, model_path: str | None = None) -> tuple[dict, dict | None]:
+def _diagnose(fh, command_line: str | None, model_path: str | None = None,
+              explain: bool = False) -> tuple[dict, dict | None]:
     head = fh.read(64 * 1024)
     why = not_a_log(head)
     if why:
@@ -119,7 +120,7 @@ def _diagnose(fh, command_line: str | None, model_path: str | None = None) -> tu
         bundle = _as_bundle(head, fh)
         if bundle is not None:
             bundle.update(_extra(command_line, model_path))
-            return analyze(bundle), bundle
+            return analyze(bundle, explain), bundle
         fh.seek(0)
         head = fh.read(64 * 1024)
     name = getattr(fh, "name", None)
@@ -128,16 +129,17 @@ def _diagnose(fh, command_line: str | None, model_path: str | None = None) -> tu
     else:
         fh.seek(0)
         facts = parse_stream(fh)
-    return diagnose(facts, _extra(command_line, model_path)), None
+    return diagnose(facts, _extra(command_line, model_path), explain), None
 
 
-def cli_analyze(path: str, as_json: bool = False, command_line: str | None = None, model_path: str | None = None) -> int:
+def cli_analyze(path: str, as_json: bool = False, command_line: str | None = None, model_path: str | None = None,
+                explain: bool = False) -> int:
     """Run ``kvreport analyze``; returns the exit status (0 diagnosed, 1 no failure, 2 bad input)."""
     try:
         fh = _open(path)
         fh.display = "standard input" if path == "-" else path
         try:
-            diagnosis, bundle = _diagnose(fh, command_line, model_path)
+            diagnosis, bundle = _diagnose(fh, command_line, model_path, explain)
         except OSError as exc:
             raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
         finally:
@@ -151,4 +153,8 @@ def cli_analyze(path: str, as_json: bool = False, command_line: str | None = Non
         print(json.dumps(diagnosis, indent=2, ensure_ascii=False))
     else:
         sys.stdout.write(render_text(diagnosis, bundle))
+        if explain:
+            from kvreport.explain import render
+
+            sys.stdout.write(render(diagnosis.get("explain") or []))
     return 1 if diagnosis["failure"]["phase"] == "none" else 0

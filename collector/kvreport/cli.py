@@ -150,7 +150,9 @@ def run(cmd, **opts) -> None:
 @click.option("--command", "command_line", help="The command line that produced the log, if known.")
 @click.option("--model", "model_path", type=click.Path(dir_okay=False),
               help="The GGUF model file, if the log does not print its shape (KV per token, largest -c that fits).")
-def analyze(path: str, as_json: bool, command_line: str | None, model_path: str | None) -> None:
+@click.option("--explain", is_flag=True,
+              help="For every fact, the rule that produced it and the log line it read (in --json: an 'explain' list).")
+def analyze(path: str, as_json: bool, command_line: str | None, model_path: str | None, explain: bool) -> None:
     """Diagnose a bundle file or a raw engine log (or '-' for stdin), offline.
 
     Text pasted from a GitHub issue (code fences, '> ' quotes) is accepted as it is.
@@ -158,7 +160,8 @@ def analyze(path: str, as_json: bool, command_line: str | None, model_path: str 
     """
     from kvreport import analyze_cmd
 
-    sys.exit(analyze_cmd.cli_analyze(path, as_json=as_json, command_line=command_line, model_path=model_path))
+    sys.exit(analyze_cmd.cli_analyze(path, as_json=as_json, command_line=command_line, model_path=model_path,
+                                     explain=explain))
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)

@@ -142,6 +142,8 @@ class _Builder:
         self.s = s
         self.items: dict[str, tuple[float, int, dict]] = {}
         self.n = 0
+        self.rule: str | None = None  # the RULES row being applied (for --explain)
+        self.origin: dict[str, tuple[float, str | None]] = {}
 
     def add(self, rank: float, sid: str, title: str, change: dict, expected: str, why: str) -> None:
         self.n += 1
@@ -150,6 +152,7 @@ class _Builder:
             return
         self.items[sid] = (rank, self.n, {"id": sid, "title": title, "change": change,
                                           "command": _command(self.s, change), "expected": expected, "why": why})
+        self.origin[sid] = (rank, self.rule)
 
     def result(self, limit: int) -> list[dict]:
         return [d for _r, _n, d in sorted(self.items.values(), key=lambda t: (t[0], t[1]))[:limit]]
@@ -1212,14 +1215,23 @@ def suggest(s: Situation, limit: int = 4) -> list[dict]:
     """Ranked suggestions for a situation (at most ``limit``); [] when nothing failed or the
     failure is not about memory. Walks :data:`RULES`: every row whose family, phase and condition match calls its
     builder; the best rank per id wins."""
+    return suggest_explained(s, limit)[0]
+
+
+def suggest_explained(s: Situation, limit: int = 4) -> tuple[list[dict], list[dict]]:
+    """:func:`suggest` and, for each suggestion, the row of :data:`RULES` that gave it its rank:
+    ``{"id", "rank", "rule"}`` (``rule``: "#N family phases when=condition build=builder", as docs/fix-rules.md
+    numbers the rows)."""
     b = _Builder(s)
     if s.phase not in MEMORY_PHASES and not (s.phase == "unknown" and (s.has_memory_event or s.engine == "tgi")):
-        return []
+        return [], []
     fam = family_of(s)
-    for rule in RULES:
+    for i, rule in enumerate(RULES, 1):
         if rule.family == fam and s.phase in rule.phases and rule.when(s):
+            b.rule = f"#{i} {rule.family} {'/'.join(rule.phases)} when={rule.when.__name__} build={rule.build.__name__}"
             rule.build(b, rule.rank)
-    return b.result(limit)
+    out = b.result(limit)
+    return out, [{"id": d["id"], "rank": b.origin[d["id"]][0], "rule": b.origin[d["id"]][1]} for d in out]
 
 
 def _first_line(fn) -> str:

@@ -63,6 +63,18 @@ def diagnose(bundle: dict) -> dict:
     return diag
 
 
+def explain(bundle: dict) -> list[dict]:
+    """For the bundle page's collapsed "Why kvreport says this": every fact with its rule and log line
+    (kvreport.explain), recomputed from the stored bundle; [] when the analyzer is not installed or fails."""
+    try:
+        from kvreport.analyze import analyze
+
+        return analyze(bundle, explain=True).get("explain") or []
+    except Exception:  # noqa: BLE001 - the page shows the stored diagnosis without its explanation
+        log.exception("explain failed on bundle %s", bundle.get("id"))
+        return []
+
+
 def signature_of(diagnosis: dict) -> dict:
     sig = diagnosis.get("signature") or {}
     key = str(sig.get("key") or "unknown/unknown/unknown")[:300]

@@ -240,6 +240,9 @@ def test_every_shared_case_renders(client, auth_header):
         for suffix in ("", ".json", ".md"):
             r = client.get(f"/bundles/{b['id']}{suffix}")
             assert r.status_code == 200, (case, suffix)
+            if suffix == "":  # the collapsed explanation: every fact with its rule
+                html = r.get_data(as_text=True)
+                assert "<summary>Why kvreport says this</summary>" in html and "failure.phase" in html, case
     for cid in clusters:
         assert client.get(f"/clusters/{cid}").status_code == 200
     listing = client.get("/api/v1/clusters?per_page=200").json

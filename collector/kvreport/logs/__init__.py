@@ -127,6 +127,7 @@ def _feed_parts(f: LogFacts, line: str, lineno: int) -> None:
         parts = [q for part in parts for q in _GLUED.split(part)]
     for part in parts:
         before = len(f.events)
+        hints = sum(f.engine_hints.values())
         for parser, own in _OWN:
             if own(part) is None:
                 continue
@@ -137,6 +138,9 @@ def _feed_parts(f: LogFacts, line: str, lineno: int) -> None:
             except Exception:  # noqa: BLE001 - a parser bug must never stop the diagnosis
                 strict.check()
                 f.warnings.append(f"parser {parser.__name__} skipped line {lineno}")
+        if sum(f.engine_hints.values()) != hints and len(f.engine_lines) < len(f.engine_hints):
+            for name in f.engine_hints:
+                f.engine_lines.setdefault(name, [lineno, part[:300]])
 
 
 def parse_log(lines: Iterable) -> LogFacts:

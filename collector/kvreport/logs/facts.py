@@ -48,6 +48,10 @@ class LogFacts:
     key_line_count: int = 0
     engine: str | None = None
     engine_hints: Counter = field(default_factory=Counter)
+    engine_lines: dict = field(default_factory=dict)
+    source_lines: dict = field(default_factory=dict)
+    """``"ctx:n_ctx"`` / ``"hparams:n_layer"`` -> [line number, text] of the line a value was read from (--explain)."""
+    """engine -> [line number, text] of the first line that hinted at it (for ``kvreport analyze --explain``)."""
     program: str | None = None
     version: str | None = None
     build: int | None = None
@@ -96,6 +100,11 @@ class LogFacts:
         if len(self.events) < 2000:
             self.events.append(ev)
         return ev
+
+    def note_line(self, key: str, lineno: int, line: str) -> None:
+        """Remember where ``key`` was read (bounded: 400 keys)."""
+        if key in self.source_lines or len(self.source_lines) < 400:
+            self.source_lines[key] = [lineno, line[:300]]
 
     def add_error(self, line: str) -> None:
         if len(self.error_lines) < 50:

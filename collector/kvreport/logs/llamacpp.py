@@ -132,6 +132,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
             key = _OLD_HPARAM_KEYS.get(key, key)
             if key not in f.hparams or not f.in_fit:
                 f.hparams[key] = m.group(2).strip()
+                f.note_line("hparams:" + key, lineno, line)
             f.engine_hints["llama.cpp"] += 1
             return
     if "- kv " in line and "llama_model_loader" in line:
@@ -151,7 +152,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
     if "fitting params" in line or "fit params" in line or "fit_params" in line:
         _feed_fit(f, line)
     if (f.fit is not None or "projected to use" in line) and any(k in line for k in _FIT_WORDS):
-        if _feed_fit_detail(f, line):
+        if _feed_fit_detail(f, line, lineno):
             return
 
     # ---- failure chain first (an error line may also contain other keywords)
@@ -167,6 +168,8 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
             if key in ("n_ctx_per_seq", "n_ctx_pre_seq"):
                 key = "n_ctx_seq"
             target[key] = m.group(2)
+            if not f.in_fit:
+                f.note_line("ctx:" + key, lineno, line)
         m = _CTX_WARN.search(line)
         if m:
             target.setdefault("n_ctx_seq", m.group(1))
@@ -179,6 +182,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         m = _OLD_KV_INIT.search(line)
         if m:
             target["kv_size"] = m.group(1)
+            f.note_line("ctx:kv_size", lineno, line)
             target["type_k"], target["type_v"] = m.group(2), m.group(3)
         if "n_slots" in line:
             m = _SLOTS.search(line)
@@ -223,6 +227,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
             f.kv_section = ""
             if not f.in_fit:
                 f.add_event("alloc_ok", lineno, line, what="kv")
+                f.note_line("kv", lineno, line)
             return
         m = _RS_SIZE.search(line)
         if m:
@@ -238,6 +243,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
                 "k_mib": to_float(m.group(3)), "type_v": m.group(4) or f.ctx.get("type_v"), "v_mib": to_float(m.group(5)),
                 "section": "", "dry_run": f.in_fit, "lineno": lineno, "old": True})
             f.add_event("alloc_ok", lineno, line, what="kv")
+            f.note_line("kv", lineno, line)
             return
     if "buffer size" in line:
         m = _BUF.search(line)
@@ -261,12 +267,14 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
     if "MiB free" in line:
         m = _USING_DEV.search(line)
         if m:
+            f.note_line("device:" + str(m.group(1)), lineno, line)
             f.set_device(m.group(1), "using_device", description=m.group(2), free_mib=float(m.group(4)))
             _note_device_name(f, m.group(1))
             return
         m = _LIST_DEV.search(line)
         if m:
             name = m.group(1)
+            f.note_line("device:" + str(name), lineno, line)
             f.set_device(name, "list_devices", description=m.group(2), total_mib=float(m.group(3)),
                          free_mib=float(m.group(4)))
             _note_device_name(f, name)
@@ -287,6 +295,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         m = re.search(r"free:\s*(\d+)\s+total:\s*(\d+)", line)
         if m:
             f.ctx["vk_free_mib"] = int(m.group(1)) / MIB
+            f.note_line("free:vulkan", lineno, line)
             f.ctx["vk_total_mib"] = int(m.group(2)) / MIB
         return
     if "memory breakdown" in line or "| - " in line or "|   - " in line:
@@ -359,7 +368,7 @@ def _feed_fit(f: LogFacts, line: str) -> None:
         f.in_fit = False
 
 
-def _feed_fit_detail(f: LogFacts, line: str) -> bool:
+def _feed_fit_detail(f: LogFacts, line: str, lineno: int = 0) -> bool:
     if f.fit is None:
         f.fit = {"ran": True, "status": "started", "changed": {}, "projected_mib": None, "free_mib": None, "lines": []}
     fit = f.fit
@@ -369,10 +378,12 @@ def _feed_fit_detail(f: LogFacts, line: str) -> bool:
         fit["projected_mib"] = float(m.group(1))
         fit["free_mib"] = float(m.group(3))
         fit["memory"] = m.group(2)
+        f.note_line("fit:free", lineno, line)
         hit = True
     m = _FIT_CTX.search(line)
     if m:
         fit["changed"]["n_ctx"] = [int(m.group(1)), int(m.group(2))]
+        f.note_line("fit:ctx", lineno, line)
         hit = True
     m = _FIT_LAYERS.search(line)
     if m:

@@ -55,6 +55,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         m = _LOAD_REQ.search(line)
         if m:
             o["kv_size"] = int(m.group(1))
+            f.note_line("ctx:ollama_kv_size", lineno, line)
         m = _PARALLEL.search(line)
         if m:
             o["parallel"] = int(m.group(1))
@@ -76,12 +77,14 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
             o.setdefault("layout", []).append({"what": msg, "device": a.get("device"), "mib": _mib(a.get("size"))})
         elif msg == "gpu memory":
             o.setdefault("gpu_available_mib", []).append(_mib(a.get("available")))
+            f.note_line("free:ollama_gpu", lineno, line)
             o["gpu_library"] = a.get("library")
         elif msg == "system memory":
             o["host_free_mib"] = _mib(a.get("free"))
         elif msg == "inference compute":
             name = a.get("name") or (a.get("library", "GPU") + a.get("id", "?"))
             total, avail = _mib(a.get("total")), _mib(a.get("available"))
+            f.note_line("device:" + str(name), lineno, line)
             f.set_device(name, "ollama", description=a.get("description"), total_mib=total, free_mib=avail)
         elif "vram-based default context" in msg:
             o["default_num_ctx"] = to_int(a.get("default_num_ctx"))

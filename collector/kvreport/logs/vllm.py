@@ -137,6 +137,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         f.engine_hints["vllm"] += 3
         dev, backend = torch_device(m.group(1))
         if dev:
+            f.note_line("device:" + str(dev), lineno, line)
             f.set_device(dev, "vllm_gate", total_mib=total * 1024.0, free_mib=free * 1024.0)
         f.add_event("engine", lineno, line, engine="vllm", phase="memory_budget", backend=backend, device=dev,
                     requested_mib=want * 1024.0, free_mib=free * 1024.0)

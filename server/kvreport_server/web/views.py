@@ -130,7 +130,7 @@ def bundle(name: str):
     title = analysis.issue_title(row.data, diag)
     c = get_session().get(Cluster, row.cluster_id)
     return render_template("bundle.html", b=row, data=row.data, diag=diag, failure=failure, cluster=c,
-                           devices=analysis.all_devices(row.data),
+                           devices=analysis.all_devices(row.data), explain=analysis.explain(row.data),
                            blocks=fold_log((row.data.get("log") or {}).get("lines"), marks), issue_md=md,
                            issue_url=new_issue_url(current_app.config.get("ISSUE_REPO"), title, md), url=url)
 
