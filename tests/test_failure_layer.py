@@ -25,7 +25,7 @@ EXAMPLES = [
      "unknown"),
     ("turbomind-oom", "[TM][ERROR] CUDA runtime error: out of memory /lmdeploy/src/turbomind/utils/allocator.h:246",
      "cuda", "unknown"),
-    ("cublas-alloc", "CUDA error: CUBLAS_STATUS_ALLOC_FAILED", "cuda", "unknown"),
+    ("cublas-alloc", "CUDA error: CUBLAS_STATUS_ALLOC_FAILED", "cuda", "compute_buffer"),
     ("engine:vllm", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
                     "capacity of 23.58 GiB of which 1.06 GiB is free.", "cuda", "unknown"),
     ("torch-oom", "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
@@ -39,7 +39,9 @@ EXAMPLES = [
                   "PyTorch)", "cuda", "unknown"),
     ("torch-oom-bare", "RuntimeError: CUDA out of memory", "cuda", "unknown"),
     ("metal-add-buffer", "ggml_metal_add_buffer: error: failed to allocate 'data            ' buffer, size = "
-                         "17408.00 MB", "metal", "unknown"),
+                         "17408.00 MB", "metal", "model_weights"),  # 'data' is ggml-metal's weights buffer
+    ("metal-add-buffer", "ggml_metal_add_buffer: error: failed to allocate 'kv              ' buffer, size = "
+                         "4096.00 MB", "metal", "kv_cache"),
     ("metal-iogpu-oom", "ggml_metal_graph_compute: command buffer 0 failed with status 5 error: Insufficient Memory "
                         "(00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)", "metal", "compute_buffer"),
     ("metal-status-5", "ggml_metal_graph_compute: command buffer 1 failed with status 5", "metal", "compute_buffer"),
@@ -51,6 +53,8 @@ EXAMPLES = [
                  "(PI_ERROR_OUT_OF_RESOURCES)", "sycl", "unknown"),
     ("sycl-oom", "UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY", "sycl", "unknown"),
     ("cann-oom", "aclrtMalloc failed, error code 207001", "cann", "unknown"),
+    ("turbomind-blocks", "No enough blocks. Assertion fail: /root/lmdeploy/src/turbomind/models/llama/LlamaBatch.cc:358",
+     "cuda", "kv_capacity"),
     ("ggml-pool", "ggml_new_tensor_impl: not enough space in the context's memory pool (needed 268697600, available "
                   "268435456)", "cpu", "compute_buffer"),
     ("bad-alloc", "terminate called after throwing an instance of 'std::bad_alloc'", "cpu", "unknown"),
@@ -167,3 +171,22 @@ def test_failure_layer_lines_pass_the_prefilter():
             if any(r.pattern.search(line) for r in (*RULES, FATAL)) and not is_key_line(line):
                 missed.append((case.name, line[:120]))
     assert not missed
+
+
+def test_stage_places_a_bare_memory_error():
+    """A memory error with no buffer named takes the step llama.cpp was in: loading weights, creating the context."""
+    weights = "llm_load_tensors: ggml ctx size =    0.32 MiB\nCUDA error: out of memory\n"
+    assert analyze_text(weights)["failure"]["phase"] == "model_weights"
+    context = "llama_new_context_with_model: n_ctx      = 32768\nCUDA error: out of memory\n"
+    assert analyze_text(context)["failure"]["phase"] == "context"
+
+
+def test_quote_bars_and_glued_messages():
+    quoted = ("\u258e ValueError: To serve at least one request with the model's max seq len (196608),\n"
+              "\u258e 23.25 GiB KV cache is needed, which is larger than the available KV cache memory (22.5 GiB).\n")
+    f = analyze_text(quoted)["failure"]
+    assert (f["phase"], f["requested_mib"], f["free_mib"]) == ("kv_capacity", 23808.0, 23040.0)
+    glued = ("500 Internal Server Error: llama runner process has terminated: error:failed to allocate buffer, size = "
+             "16571.89 MiB ggml_gallocr_reserve_n: failed to allocate Metal buffer of size 17376872352\n")
+    f = analyze_text(glued)["failure"]
+    assert (f["phase"], f["backend"]) == ("compute_buffer", "metal")

@@ -98,13 +98,13 @@ def _ctx_fits(s: fixes.Situation, n_ctx: int, cache_type: str) -> tuple[bool, st
 
 def _diagnose(case, monkeypatch):
     seen = []
-    real = fixes.suggest
+    real = fixes.suggest_explained
 
     def spy(s, *a, **kw):
         seen.append(s)
         return real(s, *a, **kw)
 
-    monkeypatch.setattr(fixes, "suggest", spy)
+    monkeypatch.setattr(fixes, "suggest_explained", spy)
     cmd_file = case / "command.txt"
     cmd = cmd_file.read_text(errors="replace").strip() if cmd_file.is_file() else None
     d = analyze_text((case / "log.txt").read_text(errors="replace"), cmd)

@@ -463,11 +463,14 @@ class _Diagnosis:
         """A phase from where the error happened, when the error block names it (ggml's CUDA pool is the
         compute scratch memory: ``in function ggml_cuda_pool_malloc`` / ``alloc``); else unknown."""
         fn = ev.get("function") or ""
+        if ev.get("phase_hint"):
+            return ev["phase_hint"]  # the buffer the line names (ggml-metal's 'data' / 'kv' / 'eval' buffers)
         if fn.startswith("ggml_cuda_pool") or fn == "alloc":
             return "compute_buffer"
-        if ev.get("rule", "").startswith("torch") and ev.get("py_stage"):
-            return ev["py_stage"]
-        return "unknown"
+        if ev.get("py_stage"):
+            return ev["py_stage"]  # a Python engine's start-up step (traceback frames, log words)
+        # llama.cpp's own stage when the error came: still loading the weights, or creating the context
+        return {"weights": "model_weights", "context": "context"}.get(ev.get("stage") or "", "unknown")
 
     def _oom_device(self, ev: dict) -> str | None:
         idx = ev.get("device_index")

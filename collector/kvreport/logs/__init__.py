@@ -81,7 +81,9 @@ def is_key_line(line: str) -> bool:
 # two log lines pasted onto one (a lost newline): "... size 337  E llama_model_load: ..."
 _JOINED = re.compile(r"\s{2,}(?=[EWID] \w+: )")
 # ... or glued with no space at all (old SYCL: "can't malloc N Bytes memory on deviceggml_gallocr_reserve_n: ...")
-_GLUED = re.compile(r"(?<=[a-z0-9)])(?=(?:ggml_gallocr_reserve_n\w*|alloc_tensor_range|ggml_backend_\w+_alloc_buffer|"
+# ... or with one space, as Ollama's error strings concatenate the runner's messages ("... size = 16571.89 MiB
+# ggml_gallocr_reserve_n: failed to allocate Metal buffer of size ...")
+_GLUED = re.compile(r"(?<=[a-zA-Z0-9)])\s?(?=(?:ggml_gallocr_reserve_n\w*|alloc_tensor_range|ggml_backend_\w+_alloc_buffer|"
                     r"llama_new_context_with_model|llama_init_from_model|llama_kv_cache_init|graph_reserve): )")
 
 
@@ -95,9 +97,19 @@ WRAP_PHRASES = ("out of memory. Tried to allocate", "KV cache is needed", "large
                 "failed to allocate buffer for kv cache", "failed to allocate buffer for the kv cache")
 
 
+WRAP_PAIRS = (("max seq len", "KV cache is needed"), ("max seq len", "maximum number of tokens that can be stored"),
+              ("Free memory on device", "desired GPU memory utilization"), ("out of memory.", "Tried to allocate"),
+              ("model requires more", "than is available"), ("failed to allocate", "buffer of size"))
+"""(start, continuation) of the same messages when the break falls between two phrases."""
+
+
 def wrap_join(prev: str, line: str) -> str | None:
     """``prev`` and ``line`` as one message when a :data:`WRAP_PHRASES` phrase appears only once they are joined
-    (directly for a word cut in two, else with a space), else None."""
+    (directly for a word cut in two, else with a space), or when ``line`` continues a :data:`WRAP_PAIRS` message
+    that ``prev`` began; else None."""
+    for start, cont in WRAP_PAIRS:
+        if start in prev and cont in line and cont not in prev and start not in line:
+            return prev + " " + line
     for sep in ("", " "):
         joined = prev + sep + line
         for phrase in WRAP_PHRASES:

@@ -12,7 +12,7 @@ import re
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 _FENCE = re.compile(r"^\s*(?:>\s*)*(?:```|~~~)[\w+-]*\s*$")
-_QUOTE = re.compile(r"^(?:\s{0,3}>[ \t]?)+")
+_QUOTE = re.compile(r"^(?:\s{0,3}[>\u258e\u2502\u2503][ \t]?)+")  # "> " and the quote bars chats paste (▎ │ ┃)
 
 from kvreport.units import GIB, MIB  # noqa: E402,F401 - one copy of the units, re-exported for the parsers
 
@@ -34,7 +34,7 @@ def clean_line(raw) -> str:
         line = parts[-1] if parts else ""
     if "\x1b" in line:
         line = _ANSI.sub("", line)
-    if line[:1] in (">", " ") and ">" in line[:8]:
+    if (line[:1] in (">", " ") and ">" in line[:8]) or line[:1] in ("\u258e", "\u2502", "\u2503"):
         line = _QUOTE.sub("", line)
     if "```" in line or "~~~" in line:
         if _FENCE.match(line):

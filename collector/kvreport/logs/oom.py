@@ -103,8 +103,16 @@ def _cuda_block(m: re.Match) -> dict:
     return {"cuda_name": {"hip": "ROCm", "rocm": "ROCm", "musa": "MUSA"}.get(m.group(1).lower(), "CUDA")}
 
 
+_METAL_BUFFERS = (("data", "model_weights"), ("kv", "kv_cache"), ("eval", "compute_buffer"), ("scr", "compute_buffer"),
+                  ("alloc", "compute_buffer"), ("compute", "compute_buffer"))
+"""ggml-metal.m (2023-2024) names its buffers: 'data' the weights, 'kv' the KV cache, 'eval' / 'scr0' / 'scr1' /
+'alloc' the compute (graph) memory."""
+
+
 def _metal_buf(m: re.Match) -> dict:
-    return {"mib": _mib(m.group(1), m.group(2))}
+    name = m.group("name").strip().lower()
+    phase = next((p for prefix, p in _METAL_BUFFERS if name.startswith(prefix)), None)
+    return {"mib": _mib(m.group(1), m.group(2)), **({"phase_hint": phase} if phase else {})}
 
 
 def _summary(m: re.Match) -> dict:
@@ -134,7 +142,8 @@ RULES: tuple[OomRule, ...] = (
             "cuda", "ggml-cuda.cu ggml_cuda_error / CUDA_CHECK; llama.cpp#1230, #3199, ollama#3237", read=_cuda_block),
     OomRule("cublas-alloc", ("CUBLAS_STATUS_ALLOC_FAILED", "HIPBLAS_STATUS_ALLOC_FAILED", "ROCBLAS_STATUS_MEMORY_ERROR"),
             re.compile(r"(CUBLAS|HIPBLAS)_STATUS_ALLOC_FAILED|ROCBLAS_STATUS_MEMORY_ERROR"),
-            "cuda", "cuBLAS/hipBLAS status names (CUBLAS_CHECK in ggml-cuda.cu); ollama reports 2024"),
+            "cuda", "cuBLAS/hipBLAS status names (CUBLAS_CHECK in ggml-cuda.cu); ollama reports 2024: the BLAS "
+            "workspace of a matrix multiplication, allocated while the graph runs", phase="compute_buffer"),
     OomRule("cuda-malloc-oom", ("cudaMalloc failed", "hipMalloc failed", "cuMemCreate", "cudaErrorMemoryAllocation"),
             re.compile(r"(cuda|hip)Malloc failed: out of memory|cudaErrorMemoryAllocation|hipErrorOutOfMemory"),
             "cuda", "ggml-cuda.cu ggml_backend_cuda_buffer_type_alloc_buffer; Ollama 'cudaMalloc failed: out of memory'"),
@@ -157,7 +166,7 @@ RULES: tuple[OomRule, ...] = (
     #    mlx/backend/metal/allocator.cpp "[metal::malloc] Attempting to allocate N bytes which is greater than the
     #    maximum allowed buffer size of M bytes." and "[malloc_or_wait] Unable to allocate N bytes."
     OomRule("metal-add-buffer", ("failed to allocate '",),
-            re.compile(r"failed to allocate '[^']*' buffer, size = ([\d.]+) ?(MB|MiB|GB|GiB)"),
+            re.compile(r"failed to allocate '(?P<name>[^']*)' buffer, size = ([\d.]+) ?(MB|MiB|GB|GiB)"),
             "metal", "ggml-metal.m ggml_metal_add_buffer (2023-2024 builds)", read=_metal_buf),
     OomRule("metal-iogpu-oom", ("kIOGPUCommandBufferCallbackErrorOutOfMemory", "Insufficient Memory"),
             re.compile(r"kIOGPUCommandBufferCallbackErrorOutOfMemory|Insufficient Memory \(0+8"),
@@ -213,9 +222,11 @@ RULES: tuple[OomRule, ...] = (
     OomRule("python-memoryerror", ("MemoryError",), re.compile(r"\bMemoryError\b(?!\w)"), "cpu", "Python MemoryError"),
     # -- engines' own messages that say memory could not be had, in any wording not read by their parsers
     OomRule("turbomind-oom", ("[TM][ERROR]", "TurboMind", "turbomind"),
-            re.compile(r"\[TM\]\[ERROR\].{0,200}?(?:out of memory|CUDA runtime error: out of memory)|"
-                       r"(?:No enough blocks|no enough blocks)", re.I),
-            "cuda", "lmdeploy/turbomind (src/turbomind/utils/cuda_utils.h check; BlockManager)", engine="lmdeploy"),
+            re.compile(r"\[TM\]\[ERROR\].{0,200}?out of memory", re.I),
+            "cuda", "lmdeploy/turbomind (src/turbomind/utils/cuda_utils.h check)", engine="lmdeploy"),
+    OomRule("turbomind-blocks", ("No enough blocks", "no enough blocks"), re.compile(r"[Nn]o enough blocks"), "cuda",
+            "lmdeploy/turbomind LlamaBatch / BlockManager: the KV block pool cannot hold the batch", engine="lmdeploy",
+            phase="kv_capacity"),
     # -- paraphrased or summary lines as people type them: "failed to allocate KV cache (requested ctx=262144,
     #    gpu memory free=1024 MiB)", "n_ctx 32768 doesn't fit, only 2 GB free"
     OomRule("kv-summary", ("KV cache", "kv cache", "KV-cache", "kv-cache"),

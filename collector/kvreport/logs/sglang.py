@@ -9,7 +9,7 @@ from kvreport.logs.facts import LogFacts
 
 KEYWORDS = ("sglang", "SGLang", "profiled value", "mem_fraction_static", "mem-fraction-static", "KV Cache is allocated",
             "max_total_num_tokens", "Load weight end", "memory_pool", "TP0", "CUDA error", "Not enough memory",
-            "memory capacity is unbalanced")
+            "memory capacity is unbalanced", "Prefill out of memory")
 _UNBALANCED = re.compile(r"The memory capacity is unbalanced\.(?:.*?(?:min_per_gpu_memory|pre_model_load_memory)=([\d.]+),\s*"
                          r"local_gpu_memory=([\d.]+))?")
 
@@ -62,6 +62,13 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
             f.add_event("engine", lineno, line, engine="sglang", phase="kv_capacity", backend=None, profiled=True)
             f.final_error = f.final_error or line
             f.add_error(line)
+        return
+    if "Prefill out of memory" in line:
+        # scheduler (2024): the token pool could not take a prefill batch it had admitted
+        f.engine_hints["sglang"] += 3
+        f.add_event("engine", lineno, line, engine="sglang", phase="kv_capacity", backend=None)
+        f.final_error = line
+        f.add_error(line)
         return
     if "memory capacity is unbalanced" in line:
         # model_runner.py init_torch_distributed (every release since 2024): with tp > 1, a GPU of the group has
