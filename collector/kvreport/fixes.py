@@ -638,6 +638,43 @@ def _smaller_model(b: _Builder, rank: float) -> None:
           "weights shrink with the quantization (e.g. Q4_K_M is about 60 % of Q8_0)", why)
 
 
+def _slots_for_full_kv(b: _Builder, rank: float) -> None:
+    """The KV cache filled up while serving (no slot for a batch): each of N parallel sequences owns n_ctx / N of
+    it, so one sequence gets the whole context (or -c must grow)."""
+    s = b.s
+    if not s.n_seq or s.n_seq <= 1:
+        return  # one slot already, or the slot count is not in the log: no change to name
+    if _is_ollama(s):
+        b.add(rank, "reduce-parallel", "Serve one request at a time", {"OLLAMA_NUM_PARALLEL": 1},
+              "one request gets the whole num_ctx instead of a share of it",
+              "Ollama splits the context between its parallel slots (OLLAMA_NUM_PARALLEL, up to 4 by default); a "
+              "long request then fills its share of the KV cache. One slot, or a larger num_ctx, gives it room.")
+        return
+    n = s.n_seq
+    b.add(rank, "reduce-parallel", f"Use 1 parallel slot instead of {n}", {"--parallel": 1},
+          f"one sequence gets all {s.n_ctx or 'n_ctx'} cells" if s.n_ctx else "one sequence gets the whole context",
+          "The KV cache ran out of free cells while serving: each parallel slot owns n_ctx / n_parallel cells. One "
+          "slot (or a larger -c) gives a long request room.")
+
+
+def _mlx_max_kv(b: _Builder, rank: float) -> None:
+    """mlx-lm: cap the KV cache (--max-kv-size, a rotating cache of that many tokens)."""
+    s = b.s
+    n = _pow2_below(s.n_ctx // 2) if s.n_ctx and s.n_ctx > 1024 else None
+    b.add(rank, "reduce-ctx", f"Cap the KV cache{f' at {n} tokens' if n else ''}", {"--max-kv-size": n} if n else {},
+          f"the KV holds at most {n} tokens" if n else "the log shows no context size: pick a cap below the prompt",
+          "mlx-lm keeps every token's K/V unless --max-kv-size caps it (a rotating cache); long prompts and prompt "
+          "caches grow it without bound.")
+
+
+def _mlx_prefill(b: _Builder, rank: float) -> None:
+    """mlx-lm: process the prompt in smaller steps (--prefill-step-size, 2048 by default)."""
+    b.add(rank, "reduce-batch", "Prefill in steps of 512 tokens", {"--prefill-step-size": 512},
+          "the largest prefill activation about 4x smaller than at the default step of 2048",
+          "mlx evaluates the prompt --prefill-step-size tokens at a time; its attention and MoE buffers grow with the "
+          "step, and one buffer above Metal's maximum buffer size is refused.")
+
+
 def _drop_swa_full(b: _Builder, rank: float) -> None:
     s = b.s
     kv_new = _kv(s, swa_full=False)
@@ -1014,6 +1051,24 @@ def budget_gap_large(s: Situation) -> bool:
     return not budget_gap_small(s)
 
 
+def small_ctx_on_gpu(s: Situation) -> bool:
+    """The context could not be created on a GPU although the context is small (8192 tokens or less, or Ollama's
+    default, which was 2048 until 2025): the weights left no room, so the layers on the GPU are the lever."""
+    small = (s.n_ctx is not None and s.n_ctx <= 8192) or (s.n_ctx is None and _is_ollama(s))
+    big_kv = s.kv_mib is not None and s.kv_mib >= 1024  # the KV the log printed is what did not fit
+    return small and not big_kv and s.backend not in ("cpu",) and not _host_cap_failure(s)
+
+
+def mlx_over_limit(s: Situation) -> bool:
+    """mlx refused one buffer above Metal's maximum buffer size (the largest prefill activation)."""
+    return s.alloc_limit or s.verdict == "exceeds_alloc_limit"
+
+
+def mlx_not_over_limit(s: Situation) -> bool:
+    """An mlx memory failure that names no per-buffer limit."""
+    return not mlx_over_limit(s)
+
+
 def huge_ctx(s: Situation) -> bool:
     """An unplaced memory failure at a context of 32768 tokens or more: the context is the likely cause."""
     return (s.n_ctx or 0) >= 32768
@@ -1113,8 +1168,9 @@ class Rule:
 
 
 LLAMA = "llama.cpp-family"
+MLX = "mlx"
 PYTHON = "python"
-FAMILIES = (LLAMA, PYTHON)
+FAMILIES = (LLAMA, PYTHON, MLX)
 _KVC = ("kv_cache", "context")
 _PLACED = ("kv_cache", "context", "compute_buffer", "model_weights", "unknown")
 _CB = ("compute_buffer",)
@@ -1133,6 +1189,7 @@ RULES: tuple[Rule, ...] = (
     _r("disable-swa-full", LLAMA, _KVC, swa_full, 0, _drop_swa_full),
     _r("reduce-parallel", LLAMA, _KVC, parallel_inflates_ctx, 0.5, _reduce_parallel),
     _r("reduce-gpu-layers", LLAMA, "context", ollama_layout_names_layers, 0.7, _reduce_layers),
+    _r("reduce-gpu-layers", LLAMA, "context", small_ctx_on_gpu, 0.5, _reduce_layers),
     _r("reduce-ctx", LLAMA, _KVC, always, 1, _reduce_ctx),
     _r("reduce-parallel", LLAMA, _KVC, parallel_splits_ctx, 2, _reduce_parallel),
     _r("quantize-kv-cache", LLAMA, _KVC, always, 3, _quantize),
@@ -1148,6 +1205,7 @@ RULES: tuple[Rule, ...] = (
     _r("reduce-batch", LLAMA, _CB, working_set, 3, _reduce_batch),
     _r("work-around-alloc-limit", LLAMA, _CB, buffer_over_alloc_limit, 0, _alloc_limit),
     _r("reduce-ctx", LLAMA, _CB, kv_update, 0, _reduce_ctx),
+    _r("reduce-ctx", LLAMA, _CB, huge_ctx, 0.2, _reduce_ctx),
     _r("reduce-gpu-layers", LLAMA, _CB, ollama_compute, 0.5, _reduce_layers),
     _r("rebalance-devices", LLAMA, _CB, secondary_gpu, 0.7, _rebalance),
     _r("reduce-batch", LLAMA, _CB, graph_buffer, 1, _reduce_batch),
@@ -1165,7 +1223,7 @@ RULES: tuple[Rule, ...] = (
     _r("reduce-ctx", LLAMA, "memory_budget", budget_gap_small, 0, _reduce_ctx),
     _r("reduce-ctx", LLAMA, "memory_budget", budget_gap_large, 1, _reduce_ctx),
     _r("free-device-memory", LLAMA, "memory_budget", always, 2, _free_memory),
-    _r("reduce-parallel", LLAMA, "kv_capacity", always, 0, _reduce_parallel),
+    _r("reduce-parallel", LLAMA, "kv_capacity", always, 0, _slots_for_full_kv),
     _r("reduce-batch", LLAMA, "kv_capacity", always, 1, _reduce_batch),
     _r("reduce-ctx", LLAMA, _UNK, huge_ctx, 0, _reduce_ctx),
     _r("quantize-kv-cache", LLAMA, _UNK, huge_ctx, 1, _quantize),
@@ -1197,13 +1255,21 @@ RULES: tuple[Rule, ...] = (
     _r("reduce-batch", PYTHON, _UNK, tgi_unplaced, 0, _py_prefill_batch),
     _r("smaller-model-or-quant", PYTHON, "model_weights", always, 0, _smaller_model),
     _r("more-devices", PYTHON, "model_weights", always, 1, _py_more_devices),
+    # mlx-lm and its front-ends (LM Studio's MLX engine, vMLX, mlx-omni-server): their own knobs
+    _r("reduce-batch", MLX, _ACT, mlx_over_limit, 0, _mlx_prefill),
+    _r("reduce-ctx", MLX, _ACT, mlx_over_limit, 1, _mlx_max_kv),
+    _r("reduce-ctx", MLX, (*_KVC, *_ACT), mlx_not_over_limit, 0, _mlx_max_kv),
+    _r("reduce-batch", MLX, _ACT, mlx_not_over_limit, 1, _mlx_prefill),
+    _r("smaller-model-or-quant", MLX, (*_KVC, *_ACT, "model_weights"), always, 2, _smaller_model),
 )
 """Every fix rule, in the order :func:`suggest` applies them (docs/fix-rules.md is generated from it)."""
 
 
 def family_of(s: Situation) -> str:
-    """"python" for vLLM, SGLang, TGI, LMDeploy (and an unknown engine with their flags or a torch OOM), else
-    "llama.cpp-family" (llama.cpp, the programs built on it, Ollama)."""
+    """"python" for vLLM, SGLang, TGI, LMDeploy (and an unknown engine with their flags or a torch OOM), "mlx" for
+    mlx-lm and its front-ends, else "llama.cpp-family" (llama.cpp, the programs built on it, Ollama)."""
+    if s.engine == "mlx-lm":
+        return MLX
     flags = s.flags or {}
     py_like = s.engine in ("vllm", "sglang", "tgi", "lmdeploy") or (
         s.engine == "unknown" and (any(k in flags for k in ("max_model_len", "gpu_memory_utilization", "max_num_seqs"))
