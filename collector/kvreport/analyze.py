@@ -414,7 +414,7 @@ class _Diagnosis:
             next(e for e in (specific or evs) if e.get("mib"))
         self.trail = {"rule": f"logs.oom rule '{ev['rule']}'", "events": [ev]}
         out["phase"] = ev.get("phase") or self._oom_phase(ev)
-        out["backend"] = ev.get("backend") or "unknown"
+        out["backend"] = self._oom_backend(ev)
         out["failing_device"] = self._oom_device(ev)
         out["requested_mib"] = _r2(ev.get("mib"))
         out["free_mib"] = _r2(ev.get("free_mib"))
@@ -472,6 +472,22 @@ class _Diagnosis:
         # llama.cpp's own stage when the error came: still loading the weights, or creating the context
         return {"weights": "model_weights", "context": "context"}.get(ev.get("stage") or "", "unknown")
 
+    def _oom_backend(self, ev: dict) -> str:
+        """The backend of a failure-layer event. ggml's CUDA code serves HIP and MUSA builds too, and before 2025 its
+        error block said "CUDA error" on every one of them: the log's own device names (``ROCm0``, ``MUSA0``, a
+        ``hipMalloc`` call in the block) decide. A process killed for memory on Apple silicon ran out of the unified
+        memory Metal shares."""
+        backend = ev.get("backend") or "unknown"
+        names = [str(n) for n in self.f.devices] + [str(b.get("device")) for b in self.f.buffers]
+        if ev.get("rule") in ("ggml-cuda-error", "cuda-malloc-oom", "cublas-alloc"):
+            if ev.get("hip") or self.f.cuda_name == "ROCm" or any(n.startswith("ROCm") for n in names):
+                return "rocm"
+            if self.f.cuda_name == "MUSA" or any(n.startswith("MUSA") for n in names):
+                return "musa"
+        if ev.get("rule") == "oom-killer" and any(n.startswith(("MTL", "Metal")) for n in names):
+            return "metal"
+        return backend
+
     def _oom_device(self, ev: dict) -> str | None:
         idx = ev.get("device_index")
         if idx is None:
@@ -479,7 +495,7 @@ class _Diagnosis:
         prefix = {"rocm": "ROCm", "musa": "MUSA"}.get(ev.get("backend") or "", "CUDA") \
             if ev.get("rule") in ("ggml-cuda-error", "torch-oom", "torch-exceed-allowed", "cuda-malloc-oom") else None
         if ev.get("rule") == "ggml-cuda-error":
-            prefix = ev.get("cuda_name") or self.f.cuda_name or prefix
+            prefix = {"rocm": "ROCm", "musa": "MUSA"}.get(self._oom_backend(ev), ev.get("cuda_name") or "CUDA")
         return f"{prefix}{idx}" if prefix else None
 
     def _oom_details(self, out: dict, real: list[dict]) -> None:

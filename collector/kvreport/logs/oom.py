@@ -292,7 +292,7 @@ FATAL = OomRule(
 
 KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in (*RULES, FATAL) for k in r.keywords}
                                          | {w for w, _ in ENGINE_WORDS} | {w for ws, _ in STAGES for w in ws}
-                                         | {"current device:"}))
+                                         | {"current device:", "hipMalloc("}))
 """Every literal that selects a line for this layer (derived from :data:`RULES`, never kept by hand)."""
 
 _CURRENT_DEVICE = re.compile(r"current device: (\d+)(?:, in function (\w+))?")
@@ -314,6 +314,9 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
     """Read one cleaned line: an ``oom`` event for the first rule that matches (at most one per line)."""
     if "current device:" in line:
         _attach_device(f, line, lineno)
+        return
+    if "hipMalloc(" in line or "hipMallocManaged(" in line:
+        _attach_call(f, line, lineno)
         return
     for word, engine in ENGINE_WORDS:
         if word in line:
@@ -345,6 +348,14 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
     if any(k in line for k in FATAL.keywords) and FATAL.pattern.search(line):
         f.add_event("oom", lineno, line, rule=FATAL.id, backend=_backend_of_words(line.lower()), phase=None,
                     engine=None, generic=True, memory=False)
+
+
+def _attach_call(f: LogFacts, line: str, lineno: int) -> None:
+    """The third line of ggml's CUDA error block names the call that failed (``hipMalloc(...)`` on a HIP build)."""
+    for ev in reversed(f.events[-3:]):
+        if ev["kind"] == "oom" and lineno - ev["lineno"] <= 3:
+            ev["hip"] = True
+            return
 
 
 def _attach_device(f: LogFacts, line: str, lineno: int) -> None:

@@ -1,97 +1,164 @@
-"""SGLang logs (kv-facts.md §5.3): the token pool ("KV Cache is allocated"), the
-``Not enough memory`` refusal, host KV pools (HiCache) and CUDA errors."""
+"""SGLang logs (kv-facts.md §5.3): the token pool ("KV Cache is allocated"), the ``Not enough memory`` refusal, the
+TP memory-balance check, host KV pools (HiCache) and CUDA errors.
+
+A table of rules (:data:`RULES`): each names the literal keywords that select its lines, its pattern and the
+handler that turns a match into facts or an event. :data:`KEYWORDS` (the prefilter's share of this parser) is
+derived from the table, so a rule can never be missed by the prefilter. Every rule whose keywords and pattern
+match a line runs, in table order, until one returns True ("the line is read").
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from kvreport.logs.facts import LogFacts
 
-KEYWORDS = ("sglang", "SGLang", "profiled value", "mem_fraction_static", "mem-fraction-static", "KV Cache is allocated",
-            "max_total_num_tokens", "Load weight end", "memory_pool", "TP0", "CUDA error", "Not enough memory",
-            "memory capacity is unbalanced", "Prefill out of memory")
-_UNBALANCED = re.compile(r"The memory capacity is unbalanced\.(?:.*?(?:min_per_gpu_memory|pre_model_load_memory)=([\d.]+),\s*"
-                         r"local_gpu_memory=([\d.]+))?")
 
-_ALLOC = re.compile(r"KV Cache is allocated\. #tokens:\s*(\d+),\s*(?:K size:\s*([\d.]+) GB,\s*V size:\s*([\d.]+) GB|KV size:\s*([\d.]+) GB)")
-_SUMMARY = re.compile(r"max_total_num_tokens=(\d+).*?max_running_requests=(\d+).*?context_len=(\d+).*?available_gpu_mem=([\d.]+) GB")
-_WEIGHT = re.compile(r"Load weight end\..*?avail mem=([\d.]+) GB,\s*mem usage=([\d.]+) GB")
-_FRACTION = re.compile(r"mem_fraction_static=([\d.]+)")
-_PROFILED = re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (-?\d+)")
+@dataclass(frozen=True)
+class Rule:
+    """One SGLang line format: ``keywords`` (any one selects the line), ``pattern``, and ``handle(f, m, line,
+    lineno) -> bool`` (True: stop reading this line)."""
+
+    name: str
+    keywords: tuple[str, ...]
+    pattern: re.Pattern
+    handle: Callable[[LogFacts, re.Match, str, int], bool]
+
+
+def _fail(f: LogFacts, line: str, lineno: int, phase: str, **data) -> bool:
+    f.add_event("engine", lineno, line, engine="sglang", phase=phase, backend=None, **data)
+    f.final_error = line
+    f.add_error(line)
+    return True
+
+
+def _hint(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
+    f.engine_hints["sglang"] += 2
+    if "sglang/srt" in line or "sglang.srt" in line:
+        f.engine_hints["sglang"] += 3  # SGLang's own source tree in a traceback (it imports vLLM's layers too)
+    return False
+
+
+def _alloc(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
+    f.engine_hints["sglang"] += 3
+    f.sglang["tokens"] = int(m.group(1))
+    f.sglang["kv_mib"] = sum(float(x) for x in (m.group(2), m.group(3), m.group(4)) if x) * 1024.0
+    f.add_event("alloc_ok", lineno, line, what="kv")
+    return True
+
+
+def _summary(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
+    f.engine_hints["sglang"] += 3
+    f.sglang.update(max_total_num_tokens=int(m.group(1)), max_running_requests=int(m.group(2)),
+                    context_len=int(m.group(3)), available_gpu_mib=float(m.group(4)) * 1024.0)
+    return False
+
+
+def _weight(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
+    f.engine_hints["sglang"] += 2
+    f.sglang["avail_after_weights_mib"] = float(m.group(1)) * 1024.0
+    f.sglang["weights_mib"] = float(m.group(2)) * 1024.0
+    return False
+
+
+def _fraction(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
+    f.sglang["mem_fraction_static"] = float(m.group(1))
+    return False
+
+
+def _pool_stage(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
+    f.stage = "kv_pool"
+    if "memory_pool_host" in line:
+        f.sglang["host_pool"] = True
+    f.engine_hints["sglang"] += 1
+    return False
+
+
+def _profiled(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
+    f.engine_hints["sglang"] += 2
+    f.sglang["max_total_tokens"] = int(m.group(1))
+    f.sglang["profiled_tokens"] = int(m.group(2))
+    if int(m.group(2)) <= 0 and not any(e.get("profiled") for e in f.events):
+        # the KV pool would hold no token at all: SGLang refuses with "Not enough memory" right after
+        f.add_event("engine", lineno, line, engine="sglang", phase="kv_capacity", backend=None, profiled=True)
+        f.final_error = f.final_error or line
+        f.add_error(line)
+    return True
+
+
+def _prefill_oom(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
+    # scheduler (2024): the token pool could not take a prefill batch it had admitted
+    f.engine_hints["sglang"] += 3
+    return _fail(f, line, lineno, "kv_capacity")
+
+
+def _unbalanced(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
+    # model_runner.py init_torch_distributed (every release since 2024): with tp > 1, a GPU of the group has less
+    # than 90 % of this rank's free memory before loading (ValueError, later RuntimeError)
+    f.engine_hints["sglang"] += 3
+    return _fail(f, line, lineno, "memory_budget", unbalanced=True,
+                 free_mib=float(m.group(1)) * 1024.0 if m.group(1) else None)
+
+
+def _not_enough(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
+    # model_runner.py init_memory_pool: max_total_num_tokens <= 0 ("... Current value: mem_fraction_static=X" since
+    # 2026)
+    f.engine_hints["sglang"] += 3
+    return _fail(f, line, lineno, "kv_capacity")
+
+
+def _pool_cuda_error(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
+    if f.stage != "kv_pool" or not ("RuntimeError" in line or "Error" in line):
+        return False
+    f.add_event("engine", lineno, line, engine="sglang" if f.engine_hints["sglang"] else None, phase="kv_cache",
+                backend="cuda", host=bool(f.sglang.get("host_pool")))
+    f.final_error = line
+    f.add_error(line)
+    return True
+
+
+def _ready(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
+    f.add_event("success", lineno, line)
+    return True
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("engine words", ("sglang", "SGLang", "[TP0]", "TP0 EP0"), re.compile(r"(?i)sglang|\[TP0\]|TP0 EP0"), _hint),
+    Rule("KV pool allocated", ("KV Cache is allocated",),
+         re.compile(r"KV Cache is allocated\. #tokens:\s*(\d+),\s*(?:K size:\s*([\d.]+) GB,\s*V size:\s*([\d.]+) GB|"
+                    r"KV size:\s*([\d.]+) GB)"), _alloc),
+    Rule("server summary", ("max_total_num_tokens=",),
+         re.compile(r"max_total_num_tokens=(\d+).*?max_running_requests=(\d+).*?context_len=(\d+).*?"
+                    r"available_gpu_mem=([\d.]+) GB"), _summary),
+    Rule("weights loaded", ("Load weight end",),
+         re.compile(r"Load weight end\..*?avail mem=([\d.]+) GB,\s*mem usage=([\d.]+) GB"), _weight),
+    Rule("mem_fraction_static", ("mem_fraction_static=",), re.compile(r"mem_fraction_static=([\d.]+)"), _fraction),
+    Rule("KV pool stage", ("memory_pool", "mem_cache"), re.compile(r"memory_pool|mem_cache"), _pool_stage),
+    Rule("profiled pool", ("profiled value",),
+         re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (-?\d+)"), _profiled),
+    Rule("prefill out of memory", ("Prefill out of memory",), re.compile(r"Prefill out of memory"), _prefill_oom),
+    Rule("TP memory unbalanced", ("memory capacity is unbalanced",),
+         re.compile(r"The memory capacity is unbalanced\.(?:.*?(?:min_per_gpu_memory|pre_model_load_memory)=([\d.]+),"
+                    r"\s*local_gpu_memory=([\d.]+))?"), _unbalanced),
+    Rule("not enough memory for the pool", ("Not enough memory. Please try to increase --mem-fraction-static",),
+         re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"), _not_enough),
+    Rule("CUDA error while creating the pool", ("CUDA error", "CUDA out of memory"),
+         re.compile(r"CUDA error|CUDA out of memory"), _pool_cuda_error),
+    Rule("server ready", ("The server is fired up and ready",), re.compile(r"The server is fired up and ready"),
+         _ready),
+)
+
+KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in RULES for k in r.keywords}))
+"""The literals that select a line for this parser, derived from :data:`RULES`."""
 
 
 def feed(f: LogFacts, line: str, lineno: int) -> None:
-    """Read one cleaned SGLang line into ``f``. Never raises on text."""
-    s = f.sglang
-    low = line.lower()
-    if "sglang" in low or "[TP0]" in line or "TP0 EP0" in line:
-        f.engine_hints["sglang"] += 2
-    m = _ALLOC.search(line)
-    if m:
-        f.engine_hints["sglang"] += 3
-        s["tokens"] = int(m.group(1))
-        gb = [float(x) for x in (m.group(2), m.group(3), m.group(4)) if x]
-        s["kv_mib"] = sum(gb) * 1024.0
-        f.add_event("alloc_ok", lineno, line, what="kv")
-        return
-    m = _SUMMARY.search(line)
-    if m:
-        f.engine_hints["sglang"] += 3
-        s.update(max_total_num_tokens=int(m.group(1)), max_running_requests=int(m.group(2)),
-                 context_len=int(m.group(3)), available_gpu_mib=float(m.group(4)) * 1024.0)
-    m = _WEIGHT.search(line)
-    if m:
-        f.engine_hints["sglang"] += 2
-        s["avail_after_weights_mib"] = float(m.group(1)) * 1024.0
-        s["weights_mib"] = float(m.group(2)) * 1024.0
-    m = _FRACTION.search(line)
-    if m:
-        s["mem_fraction_static"] = float(m.group(1))
-    if "memory_pool" in line or "mem_cache" in line:
-        f.stage = "kv_pool"
-        if "memory_pool_host" in line:
-            s["host_pool"] = True
-        f.engine_hints["sglang"] += 1
-    m = _PROFILED.search(line) if "profiled value" in line else None
-    if m:
-        f.engine_hints["sglang"] += 2
-        s["max_total_tokens"] = int(m.group(1))
-        s["profiled_tokens"] = int(m.group(2))
-        if int(m.group(2)) <= 0 and not any(e.get("profiled") for e in f.events):
-            # the KV pool would hold no token at all: SGLang refuses with "Not enough memory" right after
-            f.add_event("engine", lineno, line, engine="sglang", phase="kv_capacity", backend=None, profiled=True)
-            f.final_error = f.final_error or line
-            f.add_error(line)
-        return
-    if "Prefill out of memory" in line:
-        # scheduler (2024): the token pool could not take a prefill batch it had admitted
-        f.engine_hints["sglang"] += 3
-        f.add_event("engine", lineno, line, engine="sglang", phase="kv_capacity", backend=None)
-        f.final_error = line
-        f.add_error(line)
-        return
-    if "memory capacity is unbalanced" in line:
-        # model_runner.py init_torch_distributed (every release since 2024): with tp > 1, a GPU of the group has
-        # less than 90 % of this rank's free memory before loading (ValueError, later RuntimeError)
-        m = _UNBALANCED.search(line)
-        f.engine_hints["sglang"] += 3
-        f.add_event("engine", lineno, line, engine="sglang", phase="memory_budget", backend=None, unbalanced=True,
-                    free_mib=float(m.group(1)) * 1024.0 if m and m.group(1) else None)
-        f.final_error = line
-        f.add_error(line)
-        return
-    if "Not enough memory. Please try to increase --mem-fraction-static" in line:
-        f.engine_hints["sglang"] += 3
-        f.add_event("engine", lineno, line, engine="sglang", phase="kv_capacity", backend=None)
-        f.final_error = line
-        f.add_error(line)
-        return
-    if ("RuntimeError" in line or "Error" in line) and ("CUDA error" in line or "CUDA out of memory" in line) \
-            and f.stage == "kv_pool":
-        f.add_event("engine", lineno, line, engine="sglang" if f.engine_hints["sglang"] else None, phase="kv_cache",
-                    backend="cuda", host=bool(s.get("host_pool")))
-        f.final_error = line
-        f.add_error(line)
-        return
-    if "The server is fired up and ready" in line:
-        f.add_event("success", lineno, line)
+    """Read one cleaned SGLang line into ``f``: every matching rule in table order until one reads the line."""
+    for rule in RULES:
+        if not any(k in line for k in rule.keywords):
+            continue
+        m = rule.pattern.search(line)
+        if m is not None and rule.handle(f, m, line, lineno):
+            return

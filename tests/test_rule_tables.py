@@ -1,0 +1,32 @@
+"""Log rules as data: parsers written as rule tables derive their prefilter keywords from the table, and over every
+real log in the repository every line a rule's pattern matches passes the prefilter (so the excerpt, the grep path
+and the Python path all select it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvreport.logs import KEYWORDS, is_key_line, oom, sglang
+from tests.paths import CASE_DIR, CORPUS_DIR
+
+TABLES = {"oom": (*oom.RULES, oom.FATAL), "sglang": sglang.RULES}
+LOGS = sorted(p / "log.txt" for base in (CASE_DIR, CORPUS_DIR) for p in base.iterdir() if (p / "log.txt").is_file())
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_keywords_come_from_the_table(name):
+    module = {"oom": oom, "sglang": sglang}[name]
+    derived = {k for r in TABLES[name] for k in r.keywords}
+    assert derived <= set(module.KEYWORDS) <= set(KEYWORDS) | derived
+    assert all(r.keywords for r in TABLES[name])
+
+
+def test_every_line_a_rule_matches_passes_the_prefilter():
+    missed = []
+    for log in LOGS:
+        for line in log.read_text(errors="replace").splitlines():
+            for name, rules in TABLES.items():
+                for r in rules:
+                    if r.pattern.search(line) and not is_key_line(line):
+                        missed.append((log.parent.name, name, getattr(r, "id", getattr(r, "name", "?")), line[:100]))
+    assert not missed, missed[:10]
