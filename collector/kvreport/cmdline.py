@@ -30,7 +30,7 @@ import re
 import shlex
 from typing import Any
 
-from kvreport import strict
+from kvreport import engines, strict
 from kvreport.units import GIB, MIB
 
 # ---------------------------------------------------------------------------------------------
@@ -453,8 +453,6 @@ _NOISE = {"cd", "pushd", "popd", "export", "source", ".", "set", "unset", "ulimi
           "apt-get", "activate", "deactivate", "nvidia-smi", "head", "tail", "awk", "sed", "less", "more",
           "if", "then", "fi", "do", "done", "for", "while", "else", "[", "[[", "test", "xargs", "clear"}
 _PYTHONS = re.compile(r"^(python|python3|python3\.\d+|py|pypy3?|python\.exe|python3\.exe)$", re.I)
-_LLAMA_PROGRAMS = re.compile(
-    r"^(llama-[a-z0-9-]+|llama|main|server|llama-server|ik_llama-server|rpc-server|llama_server)$", re.I)
 
 
 def _basename(token: str) -> str:
@@ -621,20 +619,8 @@ _DOCKER_VALUE_OPTS = {
 
 
 def _image_engine(image: str) -> tuple[str | None, str | None, str | None]:
-    """(engine, implied program, grammar style) of a container image name."""
-    low = image.lower()
-    if "llama.cpp" in low or "llama-cpp" in low or "llamacpp" in low or "llama_cpp" in low:
-        prog = "llama-cli" if ":full" in low or ":light" in low else "llama-server"
-        return "llama.cpp", prog, "llama"
-    if "vllm" in low:
-        return "vllm", "vllm", "py"
-    if "sglang" in low:
-        return "sglang", "sglang", "py"
-    if "text-generation-inference" in low or low.startswith("tgi"):
-        return "tgi", "text-generation-launcher", "py"
-    if "ollama" in low:
-        return "ollama", "ollama", "ollama"
-    return None, None, None
+    """(engine, implied program, grammar style) of a container image name (kvreport.engines.REGISTRY)."""
+    return engines.of_image(image)
 
 
 def _take_env_assignments(seg: list[str], i: int, found: _Found) -> int:
@@ -846,25 +832,9 @@ def _classify_python(seg: list[str], i: int, found: _Found) -> _Found | None:
     return None
 
 
-# program name -> (engine, grammar style, whether a first bare word is a subcommand: `vllm serve`)
-_PROGRAM_ENGINE = {
-    "vllm": ("vllm", "py", True),
-    "sglang": ("sglang", "py", True),
-    "ollama": ("ollama", "ollama", True),
-    "text-generation-launcher": ("tgi", "py", False),
-    "text-generation-server": ("tgi", "py", False),
-}
-
-
 def _program_engine(low: str) -> tuple[str | None, str | None, bool]:
-    """(engine, grammar style, takes a subcommand) of a program name (lower case)."""
-    if low in _PROGRAM_ENGINE:
-        return _PROGRAM_ENGINE[low]
-    if low.startswith("koboldcpp"):
-        return "llama.cpp", "kobold", False
-    if _LLAMA_PROGRAMS.match(low) or low.startswith("llama-") or low.startswith("ik_llama"):
-        return "llama.cpp", "llama", False
-    return None, None, False
+    """(engine, grammar style, takes a subcommand) of a program name (lower case; kvreport.engines.REGISTRY)."""
+    return engines.of_program(low)
 
 
 def _classify(seg: list[str], i: int, found: _Found) -> _Found | None:
@@ -893,18 +863,8 @@ def _classify(seg: list[str], i: int, found: _Found) -> _Found | None:
 
 
 def _module_engine(module: str) -> tuple[str | None, str | None]:
-    low = module.lower()
-    if low.startswith("vllm"):
-        return "vllm", "py"
-    if low.startswith("sglang"):
-        return "sglang", "py"
-    if low.startswith("llama_cpp"):
-        return "llama.cpp", "py"
-    if low.startswith("koboldcpp"):
-        return "llama.cpp", "kobold"
-    if low.startswith("text_generation"):
-        return "tgi", "py"
-    return None, "py"
+    """(engine, grammar style) of a ``python -m`` module (kvreport.engines.REGISTRY)."""
+    return engines.of_module(module)
 
 
 def _guess_from_flags(args: list[str]) -> tuple[str | None, str | None]:

@@ -1268,12 +1268,14 @@ RULES: tuple[Rule, ...] = (
 def family_of(s: Situation) -> str:
     """"python" for vLLM, SGLang, TGI, LMDeploy (and an unknown engine with their flags or a torch OOM), "mlx" for
     mlx-lm and its front-ends, else "llama.cpp-family" (llama.cpp, the programs built on it, Ollama)."""
-    if s.engine == "mlx-lm":
-        return MLX
+    from kvreport.engines import fix_family
+
+    family = fix_family(s.engine)
+    if family:
+        return family
     flags = s.flags or {}
-    py_like = s.engine in ("vllm", "sglang", "tgi", "lmdeploy") or (
-        s.engine == "unknown" and (any(k in flags for k in ("max_model_len", "gpu_memory_utilization", "max_num_seqs"))
-                                   or (s.oom_rule or "").startswith("torch")))
+    py_like = any(k in flags for k in ("max_model_len", "gpu_memory_utilization", "max_num_seqs")) or \
+        (s.oom_rule or "").startswith("torch")
     return PYTHON if py_like else LLAMA
 
 

@@ -7,13 +7,14 @@ the signature, the text and Markdown renderers, the server's pages and filters.
 
 from __future__ import annotations
 
-ENGINES = ("llama.cpp", "ollama", "vllm", "sglang", "tgi", "lmdeploy", "mlx-lm", "unknown")
+from kvreport.engines import REGISTRY  # noqa: E402 - the engines are the registry's
+
+ENGINES = (*(e.name for e in REGISTRY), "unknown")
 PHASES = ("kv_cache", "compute_buffer", "model_weights", "context", "kv_capacity", "memory_budget", "none", "unknown")
 BACKENDS = ("cuda", "rocm", "vulkan", "metal", "sycl", "cpu", "openvino", "cann", "musa", "opencl", "unknown")
 VERDICTS = ("exceeds_free", "exceeds_alloc_limit", "fits_but_failed", "unknown")
 
-ENGINE_TITLE = {"llama.cpp": "llama.cpp", "ollama": "Ollama", "vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI",
-                "lmdeploy": "LMDeploy", "mlx-lm": "mlx-lm", "unknown": "unknown engine"}
+ENGINE_TITLE = {**{e.name: e.title for e in REGISTRY}, "unknown": "unknown engine"}
 PHASE_TITLE = {"kv_cache": "KV cache", "compute_buffer": "compute buffer", "model_weights": "model weights",
                "context": "context creation", "kv_capacity": "KV pool too small", "memory_budget": "memory budget check",
                "none": "no failure", "unknown": "unplaced failure"}

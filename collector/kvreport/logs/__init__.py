@@ -23,6 +23,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 
 from kvreport import strict
+from kvreport.engines import REGISTRY
 from kvreport.logs import llamacpp, ollama, oom, sglang, tgi, vllm
 from kvreport.logs.common import clean_line, clean_pasted
 from kvreport.logs.facts import LogFacts
@@ -30,7 +31,9 @@ from kvreport.logs.facts import LogFacts
 __all__ = ["LogFacts", "clean_pasted", "clean_line", "is_key_line", "parse_log", "parse_stream", "parse_file",
            "decide_engine"]
 
-_PARSERS = (llamacpp, ollama, vllm, sglang, tgi, oom)
+_MODULES = {"llamacpp": llamacpp, "ollama": ollama, "vllm": vllm, "sglang": sglang, "tgi": tgi}
+# the engines' parsers in registry order (kvreport.engines), then the failure layer under all of them
+_PARSERS = (*(_MODULES[e.parser] for e in REGISTRY if e.parser), oom)
 KEYWORDS: tuple[str, ...] = tuple(sorted({k for p in _PARSERS for k in p.KEYWORDS}))
 _KEY = re.compile("|".join(re.escape(k) for k in sorted(KEYWORDS, key=len, reverse=True)))
 # each parser only sees the lines its own keywords select (a key line for llama.cpp is not read by the vLLM regexes)
@@ -364,7 +367,7 @@ def decide_engine(f: LogFacts) -> str | None:
     logs (its runner is llama.cpp), so llama.cpp is chosen only when no other engine spoke.
     """
     h = f.engine_hints
-    best = max(("ollama", "vllm", "sglang", "tgi", "lmdeploy", "mlx-lm"), key=lambda k: h.get(k, 0))
+    best = max((e.name for e in REGISTRY if e.name != "llama.cpp"), key=lambda k: h.get(k, 0))
     if h.get(best, 0) >= 2 and h.get(best, 0) >= h.get("other", 0):
         return best
     if h.get("llama.cpp", 0) > 0 and h.get("other", 0) == 0:
