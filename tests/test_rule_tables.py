@@ -6,15 +6,24 @@ from __future__ import annotations
 
 import pytest
 
-from kvreport.logs import KEYWORDS, is_key_line, oom, sglang
+from kvreport.logs import KEYWORDS, is_key_line, llamacpp, oom, sglang
 from tests.paths import CASE_DIR, CORPUS_DIR
 
-TABLES = {"oom": (*oom.RULES, oom.FATAL), "sglang": sglang.RULES}
+
+class _Rule:
+    def __init__(self, name, pattern):
+        self.name, self.pattern, self.keywords = name, pattern, ("-",)
+
+
+TABLES = {"oom": (*oom.RULES, oom.FATAL), "sglang": sglang.RULES,
+          "llamacpp failure chain": tuple(_Rule(name, rx) for name, _lit, rx, _h in llamacpp.FAILURE_RULES)}
 LOGS = sorted(p / "log.txt" for base in (CASE_DIR, CORPUS_DIR) for p in base.iterdir() if (p / "log.txt").is_file())
 
 
 @pytest.mark.parametrize("name", sorted(TABLES))
 def test_keywords_come_from_the_table(name):
+    if name not in ("oom", "sglang"):
+        pytest.skip("the failure chain is selected by its section's keywords")
     module = {"oom": oom, "sglang": sglang}[name]
     derived = {k for r in TABLES[name] for k in r.keywords}
     assert derived <= set(module.KEYWORDS) <= set(KEYWORDS) | derived
@@ -30,3 +39,8 @@ def test_every_line_a_rule_matches_passes_the_prefilter():
                     if r.pattern.search(line) and not is_key_line(line):
                         missed.append((log.parent.name, name, getattr(r, "id", getattr(r, "name", "?")), line[:100]))
     assert not missed, missed[:10]
+
+
+def test_llamacpp_keywords_come_from_its_sections():
+    assert set(llamacpp.KEYWORDS) == {k for section in llamacpp.SECTIONS for k in section.keywords}
+    assert set(llamacpp.FAILURE_KEYWORDS) <= set(llamacpp.KEYWORDS)

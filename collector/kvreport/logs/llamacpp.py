@@ -9,21 +9,11 @@ matched loosely because they changed with refactors (kv-facts.md §1.14).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from kvreport.logs.common import MIB, to_float, to_int
 from kvreport.logs.facts import LogFacts
-
-# substrings that make a line worth a look (the prefilter in kvreport.logs uses them too)
-KEYWORDS = (
-    "print_info", "llm_load_print_meta", "- kv ", "llama_context", "llama_new_context", "llama_init_from_model",
-    "kv_cache", "KV self size", "buffer size", "fail", "error", "Error", "alloc", "MiB free", "MB)",
-    "ggml_cuda_init", "Device ", "found ", "build", "version", "fitting params", "fit params", "projected to use", "free vs. target",
-    "context size", "overflowing", "no changes needed", "n_slots", "n_ctx", "n_parallel", "flash_attn",
-    "Flash Attention", "SWA", "retrying", "listening", "llama_memory_recurrent", "rs_seq", "ROCm", "Vulkan",
-    "MTL", "Metal", "load_tensors", "offload", "memory breakdown", "GGML_ASSERT", "exiting", "unable to",
-    "abort", "llama_model_loader", "device_info", "using device", "Available devices", "insufficient",
-    "can't allocate", "DXGI", "worst-case", "pipeline parallelism", "kv_unified", "gpttype", "Load Text Model",
-)
 
 _PRINT_INFO = re.compile(r"(?<!\w)(?:print_info|llm_load_print_meta):\s+(.+?)\s*=\s?(.*?)\s*$")
 _OLD_HPARAM_KEYS = {"model ftype": "file type", "model size": "file size", "format": "file format",
@@ -113,6 +103,8 @@ _SUCCESS = re.compile(
     r"all slots are idle|main: server is listening|starting the main loop|llama runner started|"
     r"llama-server started in")
 _RETRY = re.compile(r"retrying without pipeline parallelism")
+_WORST_CASE = re.compile(r"worst-case: n_tokens = (\d+)")
+_DXGI = re.compile(r"free:\s*(\d+)\s+total:\s*(\d+)")
 
 
 def cuda_device_name(f: LogFacts, index: int) -> str:
@@ -120,88 +112,103 @@ def cuda_device_name(f: LogFacts, index: int) -> str:
     return f"{f.cuda_name or 'CUDA'}{index}"
 
 
-def feed(f: LogFacts, line: str, lineno: int) -> None:
-    """Read one cleaned line into ``f`` (llama.cpp and programs built on it). Never raises on text."""
-    if "llama_" in line or "ggml_" in line:
-        f.engine_hints["llama.cpp"] += 1
-    # ---- model hyperparameters
-    if "print_info" in line or "llm_load_print_meta" in line:
-        m = _PRINT_INFO.search(line)
-        if m:
-            key = m.group(1).strip()
-            key = _OLD_HPARAM_KEYS.get(key, key)
-            if key not in f.hparams or not f.in_fit:
-                f.hparams[key] = m.group(2).strip()
-                f.note_line("hparams:" + key, lineno, line)
-            f.engine_hints["llama.cpp"] += 1
-            return
-    if "- kv " in line and "llama_model_loader" in line:
-        m = _GGUF_KV.search(line)
-        if m:
-            f.gguf_kv[m.group(1)] = m.group(3)
-        return
+def _hint_words(f: LogFacts, line: str, lineno: int) -> bool:
+    f.engine_hints["llama.cpp"] += 1
+    return False
+
+
+def _hparams(f: LogFacts, line: str, lineno: int) -> bool:
+    m = _PRINT_INFO.search(line)
+    if not m:
+        return False
+    key = m.group(1).strip()
+    key = _OLD_HPARAM_KEYS.get(key, key)
+    if key not in f.hparams or not f.in_fit:
+        f.hparams[key] = m.group(2).strip()
+        f.note_line("hparams:" + key, lineno, line)
+    f.engine_hints["llama.cpp"] += 1
+    return True
+
+
+def _gguf_kv(f: LogFacts, line: str, lineno: int) -> bool:
+    if "llama_model_loader" not in line:
+        return False
+    m = _GGUF_KV.search(line)
+    if m:
+        f.gguf_kv[m.group(1)] = m.group(3)
+    return True
+
+
+_CONTEXT_STAGE = ("llama_context", "llama_new_context", "llama_init_from_model", "kv_cache", "sched_reserve",
+                  "graph_reserve")
+
+
+def _stage(f: LogFacts, line: str, lineno: int) -> bool:
     if "load_tensors" in line or "llm_load_tensors" in line:
         f.stage = "weights"
         f.engine_hints["llama.cpp"] += 1
     elif "llama_model_loader" in line:
         f.stage = "weights"
-    elif any(k in line for k in ("llama_context", "llama_new_context", "llama_init_from_model", "kv_cache", "sched_reserve", "graph_reserve")):
+    elif any(k in line for k in _CONTEXT_STAGE):
         f.stage = "context"
+    return False
 
-    # ---- auto-fit (kv-facts.md §3)
+
+def _fit(f: LogFacts, line: str, lineno: int) -> bool:
     if "fitting params" in line or "fit params" in line or "fit_params" in line:
         _feed_fit(f, line)
     if (f.fit is not None or "projected to use" in line) and any(k in line for k in _FIT_WORDS):
-        if _feed_fit_detail(f, line, lineno):
-            return
+        return _feed_fit_detail(f, line, lineno)
+    return False
 
-    # ---- failure chain first (an error line may also contain other keywords)
-    if _feed_failure(f, line, lineno):
-        return
 
-    # ---- context parameters
-    if "n_ctx" in line or "n_seq_max" in line or "n_batch" in line or "n_ubatch" in line or "flash_attn" in line \
-            or "kv_unified" in line or "type_k" in line or "worst-case" in line:
-        target = f.dry_ctx if f.in_fit else f.ctx
-        for m in _CTX.finditer(line):
-            key = m.group(1)
-            if key in ("n_ctx_per_seq", "n_ctx_pre_seq"):
-                key = "n_ctx_seq"
-            target[key] = m.group(2)
-            if not f.in_fit:
-                f.note_line("ctx:" + key, lineno, line)
-        m = _CTX_WARN.search(line)
-        if m:
-            target.setdefault("n_ctx_seq", m.group(1))
-            if m.group(2) == ">":
-                f.warnings.append(line[:500])
-        m = _ROUNDING.search(line)
-        if m:
-            target["n_ctx"] = m.group(1)
+def _ctx_params(f: LogFacts, line: str, lineno: int) -> bool:
+    target = f.dry_ctx if f.in_fit else f.ctx
+    for m in _CTX.finditer(line):
+        key = m.group(1)
+        if key in ("n_ctx_per_seq", "n_ctx_pre_seq"):
+            key = "n_ctx_seq"
+        target[key] = m.group(2)
+        if not f.in_fit:
+            f.note_line("ctx:" + key, lineno, line)
+    m = _CTX_WARN.search(line)
+    if m:
+        target.setdefault("n_ctx_seq", m.group(1))
+        if m.group(2) == ">":
             f.warnings.append(line[:500])
-        m = _OLD_KV_INIT.search(line)
-        if m:
-            target["kv_size"] = m.group(1)
-            f.note_line("ctx:kv_size", lineno, line)
-            target["type_k"], target["type_v"] = m.group(2), m.group(3)
-        if "n_slots" in line:
-            m = _SLOTS.search(line)
-            if m:
-                target["n_slots"] = m.group(1)
-                if m.group(2):
-                    target["n_ctx_slot"] = m.group(2)
-                if m.group(3):
-                    target.setdefault("kv_unified", m.group(3))
-        m = _AUTO_PAR.search(line)
-        if m:
-            f.ctx["n_parallel_auto"] = m.group(1)
-            f.ctx.setdefault("kv_unified", m.group(2))
-        if "worst-case" in line:
-            m = re.search(r"worst-case: n_tokens = (\d+)", line)
-            if m:
-                target.setdefault("n_ubatch", m.group(1))
-        if "enabling flash_attn" in line:
-            target["flash_attn"] = "enabled"
+    m = _ROUNDING.search(line)
+    if m:
+        target["n_ctx"] = m.group(1)
+        f.warnings.append(line[:500])
+    m = _OLD_KV_INIT.search(line)
+    if m:
+        target["kv_size"] = m.group(1)
+        f.note_line("ctx:kv_size", lineno, line)
+        target["type_k"], target["type_v"] = m.group(2), m.group(3)
+    _slots_and_parallel(f, line, target)
+    return False
+
+
+def _slots_and_parallel(f: LogFacts, line: str, target: dict) -> None:
+    m = _SLOTS.search(line) if "n_slots" in line else None
+    if m:
+        target["n_slots"] = m.group(1)
+        if m.group(2):
+            target["n_ctx_slot"] = m.group(2)
+        if m.group(3):
+            target.setdefault("kv_unified", m.group(3))
+    m = _AUTO_PAR.search(line)
+    if m:
+        f.ctx["n_parallel_auto"] = m.group(1)
+        f.ctx.setdefault("kv_unified", m.group(2))
+    m = _WORST_CASE.search(line) if "worst-case" in line else None
+    if m:
+        target.setdefault("n_ubatch", m.group(1))
+    if "enabling flash_attn" in line:
+        target["flash_attn"] = "enabled"
+
+
+def _flash_swa(f: LogFacts, line: str, lineno: int) -> bool:
     if "Flash Attention" in line:
         if "set to enabled" in line or "Flash Attention enabled" in line:
             f.ctx["flash_attn_resolved"] = "enabled"
@@ -209,107 +216,157 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
             f.ctx["flash_attn_resolved"] = "disabled"
     if "using full-size SWA cache" in line:
         f.ctx["swa_full"] = "true"
+    return False
 
-    # ---- KV / RS sizes
-    if "cells" in line:
-        m = _ISWA.search(line)
-        if m:
-            f.kv_section = m.group(1)
-            return
-        m = _KV_SIZE.search(line)
-        if m:
-            f.kv_caches.append({
-                "mib": float(m.group(2)), "cells": int(m.group(3)), "layers": int(m.group(4)),
-                "n_seq": to_int(m.group(5)), "n_stream": to_int(m.group(6)) or 1,
-                "type_k": m.group(7), "k_mib": float(m.group(8)), "type_v": m.group(9), "v_mib": float(m.group(10)),
-                "section": f.kv_section, "dry_run": f.in_fit, "lineno": lineno})
-            f.engine_hints["llama.cpp"] += 1
-            f.kv_section = ""
-            if not f.in_fit:
-                f.add_event("alloc_ok", lineno, line, what="kv")
-                f.note_line("kv", lineno, line)
-            return
-        m = _RS_SIZE.search(line)
-        if m:
-            f.rs_caches.append({"mib": float(m.group(1)), "cells": int(m.group(2)), "layers": int(m.group(3)),
-                                "n_seq": int(m.group(4)), "dry_run": f.in_fit, "lineno": lineno})
-            return
-    if "KV self size" in line:
-        m = _KV_SELF.search(line)
-        if m:
-            f.kv_caches.append({
-                "mib": float(m.group(1)), "cells": to_int(f.ctx.get("kv_size")), "layers": None,
-                "n_seq": None, "n_stream": 1, "type_k": m.group(2) or f.ctx.get("type_k"),
-                "k_mib": to_float(m.group(3)), "type_v": m.group(4) or f.ctx.get("type_v"), "v_mib": to_float(m.group(5)),
-                "section": "", "dry_run": f.in_fit, "lineno": lineno, "old": True})
+
+def _kv_sizes(f: LogFacts, line: str, lineno: int) -> bool:
+    m = _ISWA.search(line)
+    if m:
+        f.kv_section = m.group(1)
+        return True
+    m = _KV_SIZE.search(line)
+    if m:
+        f.kv_caches.append({
+            "mib": float(m.group(2)), "cells": int(m.group(3)), "layers": int(m.group(4)),
+            "n_seq": to_int(m.group(5)), "n_stream": to_int(m.group(6)) or 1,
+            "type_k": m.group(7), "k_mib": float(m.group(8)), "type_v": m.group(9), "v_mib": float(m.group(10)),
+            "section": f.kv_section, "dry_run": f.in_fit, "lineno": lineno})
+        f.engine_hints["llama.cpp"] += 1
+        f.kv_section = ""
+        if not f.in_fit:
             f.add_event("alloc_ok", lineno, line, what="kv")
             f.note_line("kv", lineno, line)
-            return
-    if "buffer size" in line:
-        m = _BUF.search(line)
-        if m:
-            dev, kind, mib = m.group(2), m.group(3), float(m.group(4))
-            _note_device_name(f, dev)
-            f.buffers.append({"fn": m.group(1), "device": dev, "kind": kind, "mib": mib, "dry_run": f.in_fit})
-            if kind == "KV":
-                f.kv_buffers.append({"device": dev, "mib": mib, "dry_run": f.in_fit, "section": f.kv_section})
-            if not f.in_fit:
-                f.add_event("alloc_ok", lineno, line, what=kind)
-            return
-        m = _OLD_BUF.search(line)
-        if m:
-            _note_device_name(f, m.group(1))
-            f.buffers.append({"fn": "llm_load_tensors", "device": m.group(1), "kind": "model",
-                              "mib": float(m.group(2)), "dry_run": f.in_fit})
-            return
+        return True
+    m = _RS_SIZE.search(line)
+    if m:
+        f.rs_caches.append({"mib": float(m.group(1)), "cells": int(m.group(2)), "layers": int(m.group(3)),
+                            "n_seq": int(m.group(4)), "dry_run": f.in_fit, "lineno": lineno})
+        return True
+    return False
 
-    # ---- devices
-    if "MiB free" in line:
-        m = _USING_DEV.search(line)
-        if m:
-            f.note_line("device:" + str(m.group(1)), lineno, line)
-            f.set_device(m.group(1), "using_device", description=m.group(2), free_mib=float(m.group(4)))
-            _note_device_name(f, m.group(1))
-            return
-        m = _LIST_DEV.search(line)
-        if m:
-            name = m.group(1)
-            f.note_line("device:" + str(name), lineno, line)
-            f.set_device(name, "list_devices", description=m.group(2), total_mib=float(m.group(3)),
-                         free_mib=float(m.group(4)))
-            _note_device_name(f, name)
-            return
-    if "ggml_cuda_init" in line:
-        m = _CUDA_INIT.search(line)
-        if m:
-            f.cuda_name = m.group(2)
-            f.engine_hints["llama.cpp"] += 1
-        return
-    if "Device " in line and ("compute capability" in line or "VMM" in line or "Wave Size" in line):
-        m = _CUDA_DEV.search(line)
-        if m:
-            name = cuda_device_name(f, int(m.group(1)))
-            f.set_device(name, "ggml_cuda_init", description=m.group(2).strip(), total_mib=to_float(m.group(3)))
-        return
-    if "DXGI" in line and "free:" in line:
-        m = re.search(r"free:\s*(\d+)\s+total:\s*(\d+)", line)
-        if m:
-            f.ctx["vk_free_mib"] = int(m.group(1)) / MIB
-            f.note_line("free:vulkan", lineno, line)
-            f.ctx["vk_total_mib"] = int(m.group(2)) / MIB
-        return
-    if "memory breakdown" in line or "| - " in line or "|   - " in line:
-        m = _BREAKDOWN.search(line)
-        if m and not m.group(1).startswith("Host"):
-            f.set_device(m.group(1), "memory_breakdown", total_mib=float(m.group(2)))
-        return
-    if "offloaded" in line:
-        m = _OFFLOADED.search(line)
-        if m:
-            f.ctx["offloaded_layers"] = f"{m.group(1)}/{m.group(2)}"
-        return
 
-    # ---- version / program
+def _kv_self(f: LogFacts, line: str, lineno: int) -> bool:
+    m = _KV_SELF.search(line)
+    if not m:
+        return False
+    f.kv_caches.append({
+        "mib": float(m.group(1)), "cells": to_int(f.ctx.get("kv_size")), "layers": None,
+        "n_seq": None, "n_stream": 1, "type_k": m.group(2) or f.ctx.get("type_k"),
+        "k_mib": to_float(m.group(3)), "type_v": m.group(4) or f.ctx.get("type_v"), "v_mib": to_float(m.group(5)),
+        "section": "", "dry_run": f.in_fit, "lineno": lineno, "old": True})
+    f.add_event("alloc_ok", lineno, line, what="kv")
+    f.note_line("kv", lineno, line)
+    return True
+
+
+def _buffers(f: LogFacts, line: str, lineno: int) -> bool:
+    m = _BUF.search(line)
+    if m:
+        dev, kind, mib = m.group(2), m.group(3), float(m.group(4))
+        _note_device_name(f, dev)
+        f.buffers.append({"fn": m.group(1), "device": dev, "kind": kind, "mib": mib, "dry_run": f.in_fit})
+        if kind == "KV":
+            f.kv_buffers.append({"device": dev, "mib": mib, "dry_run": f.in_fit, "section": f.kv_section})
+        if not f.in_fit:
+            f.add_event("alloc_ok", lineno, line, what=kind)
+        return True
+    m = _OLD_BUF.search(line)
+    if m:
+        _note_device_name(f, m.group(1))
+        f.buffers.append({"fn": "llm_load_tensors", "device": m.group(1), "kind": "model",
+                          "mib": float(m.group(2)), "dry_run": f.in_fit})
+        return True
+    return False
+
+
+def _device_free(f: LogFacts, line: str, lineno: int) -> bool:
+    m = _USING_DEV.search(line)
+    if m:
+        f.note_line("device:" + str(m.group(1)), lineno, line)
+        f.set_device(m.group(1), "using_device", description=m.group(2), free_mib=float(m.group(4)))
+        _note_device_name(f, m.group(1))
+        return True
+    m = _LIST_DEV.search(line)
+    if m:
+        name = m.group(1)
+        f.note_line("device:" + str(name), lineno, line)
+        f.set_device(name, "list_devices", description=m.group(2), total_mib=float(m.group(3)),
+                     free_mib=float(m.group(4)))
+        _note_device_name(f, name)
+        return True
+    return False
+
+
+_METAL_NAME = re.compile(r"ggml_metal_\w*: (?:GPU name|found device):\s+(.+?)\s*$")
+_SYCL_DEV = re.compile(r"\|\s*(\d+)\|\s*\[(?:level_zero|opencl|ext_oneapi_level_zero|cuda|hip):gpu:\d+\]\|\s*([^|]+?)\s*\|"
+                       r"(?:[^|]*\|){3}[^|]*\|\s*(\d+)M\|")
+
+
+def _device_names(f: LogFacts, line: str, lineno: int) -> bool:
+    """Device names from the backends' own start-up lines: Vulkan ``ggml_vulkan: 0 = AMD Radeon ... (driver)``,
+    Metal ``ggml_metal_init: GPU name:   Apple M1 Max``, SYCL's device table ``|  0| [level_zero:gpu:0]| Intel(R)
+    Arc(TM) A770 Graphics| ... | 16225M|``."""
+    m = _VK_DEV.search(line)
+    if m:
+        f.set_device(f"Vulkan{m.group(1)}", "vulkan_init", description=m.group(2).strip())
+        f.engine_hints["llama.cpp"] += 1
+        return True
+    m = _METAL_NAME.search(line)
+    if m:
+        f.set_device("Metal", "metal_init", description=m.group(1).strip())
+        return True
+    m = _SYCL_DEV.search(line)
+    if m:
+        f.set_device(f"SYCL{m.group(1)}", "sycl_init", description=m.group(2).strip(),
+                     total_mib=float(m.group(3)) if m.group(3) else None)
+        return True
+    return False
+
+
+def _cuda_init(f: LogFacts, line: str, lineno: int) -> bool:
+    m = _CUDA_INIT.search(line)
+    if m:
+        f.cuda_name = m.group(2)
+        f.engine_hints["llama.cpp"] += 1
+    return True
+
+
+def _cuda_device(f: LogFacts, line: str, lineno: int) -> bool:
+    if not ("compute capability" in line or "VMM" in line or "Wave Size" in line):
+        return False
+    m = _CUDA_DEV.search(line)
+    if m:
+        name = cuda_device_name(f, int(m.group(1)))
+        f.set_device(name, "ggml_cuda_init", description=m.group(2).strip(), total_mib=to_float(m.group(3)))
+    return True
+
+
+def _dxgi(f: LogFacts, line: str, lineno: int) -> bool:
+    if "free:" not in line:
+        return False
+    m = _DXGI.search(line)
+    if m:
+        f.ctx["vk_free_mib"] = int(m.group(1)) / MIB
+        f.note_line("free:vulkan", lineno, line)
+        f.ctx["vk_total_mib"] = int(m.group(2)) / MIB
+    return True
+
+
+def _breakdown(f: LogFacts, line: str, lineno: int) -> bool:
+    m = _BREAKDOWN.search(line)
+    if m and not m.group(1).startswith("Host"):
+        f.set_device(m.group(1), "memory_breakdown", total_mib=float(m.group(2)))
+    return True
+
+
+def _offloaded(f: LogFacts, line: str, lineno: int) -> bool:
+    m = _OFFLOADED.search(line)
+    if m:
+        f.ctx["offloaded_layers"] = f"{m.group(1)}/{m.group(2)}"
+    return True
+
+
+def _version_program(f: LogFacts, line: str, lineno: int) -> bool:
     if "build" in line or "version" in line:
         _feed_build(f, line)
     if f.program is None and ("llama-" in line or "koboldcpp" in line or "llama_cpp" in line):
@@ -319,6 +376,62 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
     if "gpttype_load_model" in line or "koboldcpp" in line.lower():
         f.program = f.program or "koboldcpp"
         f.engine_hints["llama.cpp"] += 1
+    return True
+
+
+@dataclass(frozen=True)
+class Section:
+    """One group of llama.cpp lines: ``keywords`` (any one selects the line for this section) and ``read(f, line,
+    lineno) -> bool`` (True: the line is read, later sections do not see it)."""
+
+    name: str
+    keywords: tuple[str, ...]
+    read: Callable[[LogFacts, str, int], bool]
+
+
+FAILURE_KEYWORDS = ("fail", "Fail", "FAIL", "rror", "alloc", "exit", "unable", "insufficient", "listening",
+                    "initializing", "idle", "started", "GGML_ASSERT", "not enough", "loaded", "OK: False", "main loop",
+                    "Cannot", "support", "requires", "must be")
+
+SECTIONS: tuple[Section, ...] = (
+    Section("engine words", ("llama_", "ggml_"), _hint_words),
+    Section("model hyperparameters (print_info / llm_load_print_meta)", ("print_info", "llm_load_print_meta"),
+            _hparams),
+    Section("GGUF key/values (llama_model_loader: - kv)", ("- kv ",), _gguf_kv),
+    Section("load stage", ("load_tensors", "llama_model_loader", *_CONTEXT_STAGE), _stage),
+    Section("auto-fit (kv-facts.md §3)", ("fitting params", "fit params", "fit_params", "projected to use",
+                                          *_FIT_WORDS), _fit),
+    Section("failure chain (kv-facts.md §1.10-1.11)", FAILURE_KEYWORDS, lambda f, line, n: _feed_failure(f, line, n)),
+    Section("context parameters", ("n_ctx", "n_seq_max", "n_batch", "n_ubatch", "flash_attn", "kv_unified", "type_k",
+                                   "worst-case"), _ctx_params),
+    Section("flash attention / SWA", ("Flash Attention", "using full-size SWA cache"), _flash_swa),
+    Section("KV / RS cache sizes", ("cells",), _kv_sizes),
+    Section("old KV size", ("KV self size",), _kv_self),
+    Section("buffer sizes", ("buffer size",), _buffers),
+    Section("free memory per device", ("MiB free",), _device_free),
+    Section("device names (Vulkan, Metal, SYCL)", ("ggml_vulkan: ", "GPU name:", "found device:", ":gpu:"),
+            _device_names),
+    Section("ggml_cuda_init", ("ggml_cuda_init",), _cuda_init),
+    Section("CUDA device list", ("Device ",), _cuda_device),
+    Section("DXGI budget (Vulkan on Windows)", ("DXGI",), _dxgi),
+    Section("memory breakdown", ("memory breakdown", "| - ", "|   - "), _breakdown),
+    Section("offloaded layers", ("offloaded",), _offloaded),
+    Section("version / program", ("build", "version", "llama-", "koboldcpp", "llama_cpp", "gpttype_load_model",
+                                  "Koboldcpp", "KoboldCpp", "KoboldCPP"), _version_program),
+)
+
+
+KEYWORDS: tuple[str, ...] = tuple(sorted({k for section in SECTIONS for k in section.keywords}))
+"""The literals that select a line for this parser (and keep it in a bundle's excerpt), derived from
+:data:`SECTIONS` so that no section can be missed by the prefilter."""
+
+
+def feed(f: LogFacts, line: str, lineno: int) -> None:
+    """Read one cleaned line into ``f`` (llama.cpp and programs built on it): each section of :data:`SECTIONS`
+    whose keywords the line holds, in order, until one has read it. Never raises on text."""
+    for section in SECTIONS:
+        if any(k in line for k in section.keywords) and section.read(f, line, lineno):
+            return
 
 
 def _note_device_name(f: LogFacts, dev: str) -> None:
@@ -407,130 +520,150 @@ def _feed_fit_detail(f: LogFacts, line: str, lineno: int = 0) -> bool:
     return hit
 
 
+def _f_cuda_oom(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+    idx = int(m.group(2))
+    if m.group(3).lower() == "hip":
+        f.cuda_name = "ROCm"
+    backend = {"ROCm": "rocm", "MUSA": "musa"}.get(f.cuda_name or "CUDA", "cuda")
+    f.add_event("backend", lineno, line, backend=backend, device=cuda_device_name(f, idx),
+                mib=float(m.group(1)), error=m.group(4).strip())
+    f.engine_hints["llama.cpp"] += 1
+
+
+def _f_pinned(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+    f.add_event("pinned", lineno, line, backend="cuda", device=f"{f.cuda_name or 'CUDA'}_Host",
+                mib=float(m.group(1)), error=(m.group(2) or "").strip())
+
+
+def _f_vk_pinned(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+    f.add_event("pinned", lineno, line, backend="vulkan", device="Vulkan_Host", mib=None, error=line)
+
+
+def _f_vk_alloc(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+    f.add_event("backend", lineno, line, backend="vulkan", device=None, bytes=int(m.group(1)),
+                mib=int(m.group(1)) / MIB, error="")
+    f.engine_hints["llama.cpp"] += 1
+
+
+def _f_vk_err(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+    limit = "exceeds" in line and "limit" in line
+    f.add_event("backend", lineno, line, backend="vulkan", device=None, mib=None, error=m.group(1).strip(),
+                limit=limit, detail=True)
+
+
+def _f_bytes(backend: str, device: str | None, **extra) -> Callable:
+    """A backend refusal that prints its size in bytes (group 1)."""
+    def handle(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+        f.add_event("backend", lineno, line, backend=backend, device=device, bytes=int(m.group(1)),
+                    mib=int(m.group(1)) / MIB, error="", **extra)
+    return handle
+
+
+def _f_aligned(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+    f.add_event("backend", lineno, line, backend="cpu", device="CPU", mib=float(m.group(1)), error="", detail=True)
+
+
+def _f_metal(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+    f.add_event("backend", lineno, line, backend="metal", device=None, mib=float(m.group(1)), error="")
+
+
+def _f_sycl(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+    f.add_event("backend", lineno, line, backend="sycl", device=None, bytes=int(m.group(1)),
+                mib=int(m.group(1)) / MIB, error="", host=m.group(2) == "host")
+
+
+def _f_ov_limit(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+    f.add_event("backend", lineno, line, backend="openvino", device=None, bytes=int(m.group(1)),
+                mib=int(m.group(1)) / MIB, error=line.strip()[:300], limit=True, detail=True,
+                limit_mib=int(m.group(2)) / MIB)
+
+
+def _f_ggml(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+    fn = m.group(1) or ""
+    dev = m.group(2)
+    _note_device_name(f, dev)
+    kind = "compute" if "gallocr" in fn or "gallocr" in line else "tensor"
+    f.add_event("ggml", lineno, line, device=dev, bytes=int(m.group(3)), mib=int(m.group(3)) / MIB, fn=fn, buffer=kind)
+    f.engine_hints["llama.cpp"] += 1
+
+
+def _f_not_enough(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+    f.add_event("ggml", lineno, line, device=None, bytes=int(m.group(1)), mib=int(m.group(1)) / MIB,
+                fn="ggml_tallocr", buffer="tensor")
+
+
+def _f_retry(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+    f.add_event("retry", lineno, line)
+    f.warnings.append(line[:500])
+
+
+def _f_reason(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+    phase = next(p for rx, p in _REASONS if rx.search(line))
+    f.add_event("reason", lineno, line, phase=phase, kv_update="kv_cache_update" in line)
+    f.add_error(line)
+    f.final_error = line
+
+
+def _f_ctx_exception(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+    # an exception text follows on the next lines (OpenVINO): the allocator lines there belong to this failure
+    f.add_event("reason", lineno, line, phase="context", kv_update=False, open=True)
+    f.add_error(line)
+    f.final_error = line
+
+
+def _f_config(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+    f.add_event("config", lineno, line, what=(m.group(1) if m.re is _CTX_FAIL else line).strip()[-200:])
+    f.add_error(line)
+    f.final_error = line
+    f.cause_error = line[:2000]
+
+
+def _f_final(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+    f.add_event("final", lineno, line)
+    f.add_error(line)
+    f.final_error = line
+
+
+_REASON_ANY = re.compile("|".join(f"(?:{rx.pattern})" for rx, _p in _REASONS))
+
+# (name, literal that must be in the line or None, pattern, handler); the first that matches reads the line
+FAILURE_RULES: tuple[tuple[str, str | None, re.Pattern, Callable], ...] = (
+    ("CUDA/HIP/MUSA malloc refused", "Malloc", _CUDA_OOM, _f_cuda_oom),
+    ("pinned host memory (recoverable)", "pinned memory", _PINNED, _f_pinned),
+    ("Vulkan pinned memory (recoverable)", "pinned memory", _VK_PINNED, _f_vk_pinned),
+    ("Vulkan device allocation", "Device memory allocation", _VK_ALLOC, _f_vk_alloc),
+    ("Vulkan error", "ggml_vulkan", _VK_ERR, _f_vk_err),
+    ("CPU buffer", "alloc_buffer", _CPU_OOM, _f_bytes("cpu", "CPU")),
+    ("CPU aligned malloc", "ggml_aligned_malloc", _ALIGNED, _f_aligned),
+    ("Metal buffer", None, _METAL, _f_metal),
+    ("SYCL malloc", "can't", _SYCL, _f_sycl),
+    ("OpenVINO max alloc size", "Exceeded max size of memory object", _OV_LIMIT, _f_ov_limit),
+    ("OpenVINO buffer", None, _OPENVINO, _f_bytes("openvino", None)),
+    ("ggml buffer of size", "buffer of size", _GGML, _f_ggml),
+    ("ggml tallocr", "not enough space in the buffer", _NOT_ENOUGH, _f_not_enough),
+    ("retry without pipeline parallelism", "retrying", _RETRY, _f_retry),
+    ("reason (what the buffer was for)", None, _REASON_ANY, _f_reason),
+    ("context exception follows", "Exception from", _CTX_EXC, _f_ctx_exception),
+    ("context refused (not memory)", "failed to initialize the context", _CTX_FAIL, _f_config),
+    ("refused configuration / bad file", None, _CONFIG, _f_config),
+    ("end of the run", None, _FINAL, _f_final),
+)
+
+
 def _feed_failure(f: LogFacts, line: str, lineno: int) -> bool:
-    """Failure-chain lines (kv-facts.md §1.10–1.11). True when the line was one."""
-    if not ("ail" in line or "rror" in line or "alloc" in line or "exit" in line or "unable" in line
-            or "insufficient" in line or "listening" in line or "initializing" in line or "idle" in line
-            or "started" in line or "GGML_ASSERT" in line or "not enough" in line or "loaded" in line
-            or "OK: False" in line or "main loop" in line or "Cannot" in line or "support" in line
-            or "requires" in line or "must be" in line):
-        return False
+    """Failure-chain lines (kv-facts.md §1.10–1.11), read by :data:`FAILURE_RULES`. True when the line was one."""
     if "trying to fit" in line:
         return True
-    m = _CUDA_OOM.search(line)
-    if m:
-        idx = int(m.group(2))
-        if m.group(3).lower() == "hip":
-            f.cuda_name = "ROCm"
-        backend = {"ROCm": "rocm", "MUSA": "unknown"}.get(f.cuda_name or "CUDA", "cuda")
-        f.add_event("backend", lineno, line, backend=backend, device=cuda_device_name(f, idx),
-                    mib=float(m.group(1)), error=m.group(4).strip())
-        f.engine_hints["llama.cpp"] += 1
-        return True
-    if "pinned memory" in line:
-        m = _PINNED.search(line)
-        if m:
-            f.add_event("pinned", lineno, line, backend="cuda", device=f"{f.cuda_name or 'CUDA'}_Host",
-                        mib=float(m.group(1)), error=(m.group(2) or "").strip())
-            return True
-        if _VK_PINNED.search(line):
-            f.add_event("pinned", lineno, line, backend="vulkan", device="Vulkan_Host", mib=None, error=line)
-            return True
-    m = _VK_ALLOC.search(line)
-    if m:
-        f.add_event("backend", lineno, line, backend="vulkan", device=None, bytes=int(m.group(1)),
-                    mib=int(m.group(1)) / MIB, error="")
-        f.engine_hints["llama.cpp"] += 1
-        return True
-    if "ggml_vulkan" in line:
-        m = _VK_ERR.search(line)
-        if m:
-            limit = "exceeds" in line and "limit" in line
-            f.add_event("backend", lineno, line, backend="vulkan", device=None, mib=None, error=m.group(1).strip(),
-                        limit=limit, detail=True)
-            return True
-    m = _CPU_OOM.search(line)
-    if m:
-        f.add_event("backend", lineno, line, backend="cpu", device="CPU", bytes=int(m.group(1)),
-                    mib=int(m.group(1)) / MIB, error="")
-        return True
-    m = _ALIGNED.search(line)
-    if m:
-        f.add_event("backend", lineno, line, backend="cpu", device="CPU", mib=float(m.group(1)), error="", detail=True)
-        return True
-    m = _METAL.search(line)
-    if m:
-        f.add_event("backend", lineno, line, backend="metal", device=None, mib=float(m.group(1)), error="")
-        return True
-    m = _SYCL.search(line)
-    if m:
-        f.add_event("backend", lineno, line, backend="sycl", device=None, bytes=int(m.group(1)),
-                    mib=int(m.group(1)) / MIB, error="", host=m.group(2) == "host")
-        return True
-    if "Exceeded max size of memory object" in line:
-        m = _OV_LIMIT.search(line)
-        if m:
-            f.add_event("backend", lineno, line, backend="openvino", device=None, bytes=int(m.group(1)),
-                        mib=int(m.group(1)) / MIB, error=line.strip()[:300], limit=True, detail=True,
-                        limit_mib=int(m.group(2)) / MIB)
-            return True
-    if "openvino" in line.lower():
-        m = _OPENVINO.search(line)
-        if m:
-            f.add_event("backend", lineno, line, backend="openvino", device=None, bytes=int(m.group(1)),
-                        mib=int(m.group(1)) / MIB, error="")
-            return True
-    if "buffer of size" in line:
-        m = _GGML.search(line)
-        if m:
-            fn = m.group(1) or ""
-            dev = m.group(2)
-            _note_device_name(f, dev)
-            kind = "compute" if "gallocr" in fn or "gallocr" in line else "tensor"
-            f.add_event("ggml", lineno, line, device=dev, bytes=int(m.group(3)), mib=int(m.group(3)) / MIB,
-                        fn=fn, buffer=kind)
-            f.engine_hints["llama.cpp"] += 1
-            return True
-    m = _NOT_ENOUGH.search(line)
-    if m:
-        f.add_event("ggml", lineno, line, device=None, bytes=int(m.group(1)), mib=int(m.group(1)) / MIB,
-                    fn="ggml_tallocr", buffer="tensor")
-        return True
-    if _RETRY.search(line):
-        f.add_event("retry", lineno, line)
-        f.warnings.append(line[:500])
-        return True
-    for rx, phase in _REASONS:
-        if rx.search(line):
-            f.add_event("reason", lineno, line, phase=phase, kv_update="kv_cache_update" in line)
-            f.add_error(line)
-            f.final_error = line
-            return True
-    if _CTX_EXC.search(line):
-        # an exception text follows on the next lines (OpenVINO): the allocator lines there belong to this failure
-        f.add_event("reason", lineno, line, phase="context", kv_update=False, open=True)
-        f.add_error(line)
-        f.final_error = line
-        return True
-    m = _CTX_FAIL.search(line)
-    if m:
-        f.add_event("config", lineno, line, what=m.group(1).strip())
-        f.add_error(line)
-        f.final_error = line
-        f.cause_error = line[:2000]
-        return True
-    if _CONFIG.search(line):
-        if " W " in line[:20] or "warning" in line.lower()[:40]:
-            return False
-        f.add_event("config", lineno, line, what=line.strip()[-200:])
-        f.add_error(line)
-        f.final_error = line
-        f.cause_error = line[:2000]
-        return True
-    if _FINAL.search(line):
-        f.add_event("final", lineno, line)
-        f.add_error(line)
-        f.final_error = line
+    low = line.lower()
+    for _name, literal, rx, handle in FAILURE_RULES:
+        if (literal is not None and literal not in line) or (rx is _OPENVINO and "openvino" not in low):
+            continue
+        m = rx.search(line)
+        if m is None:
+            continue
+        if rx is _CONFIG and (" W " in line[:20] or "warning" in low[:40]):
+            return False  # a warning that names a refusal is not one
+        handle(f, m, line, lineno)
         return True
     if _SUCCESS.search(line):
         f.add_event("success", lineno, line)
