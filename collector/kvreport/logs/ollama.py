@@ -7,12 +7,11 @@ The llama.cpp lines Ollama copies into its log are read by :mod:`kvreport.logs.l
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from kvreport.logs.common import size_to_mib, to_float, to_int
 from kvreport.logs.facts import LogFacts
 
-KEYWORDS = ("msg=", "Listening on", "ollama", "Ollama", "llama runner", "OLLAMA_", "runner.go", "llama-server", "KvSize",
-            "memory layout", "model failed to load", "llama context", "more system memory", "reported out-of-memory")
 # llm/server.go (0.1.3x-0.5): "model requires more system memory (164.8 GiB) than is available (13.4 GiB)"
 _SYSMEM = re.compile(r"model requires more system memory \(([\d.]+)\s*([KMGT]i?B)\) than is available \(([\d.]+)\s*([KMGT]i?B)\)")
 
@@ -41,110 +40,149 @@ def _mib(text: str | None) -> float | None:
     return size_to_mib(float(m.group(1)), m.group(2)) if m else None
 
 
-def feed(f: LogFacts, line: str, lineno: int) -> None:
-    """Read one cleaned Ollama line into ``f``. Never raises on text."""
-    o = f.ollama
+def _hints(f: LogFacts, line: str, lineno: int) -> bool:
     if "level=" in line and "source=" in line and "msg=" in line:
         f.engine_hints["ollama"] += 3
     if "llama runner" in line or "OLLAMA_" in line or _WORD.search(line):
         f.engine_hints["ollama"] += 2
-    m = _VERSION.search(line) if ("version" in line) else None
+    m = _VERSION.search(line) if "version" in line else None
     if m and ("ollama" in line.lower() or "Listening on" in line or "msg=" in line):
-        o["version"] = m.group(1)
-    if "KvSize:" in line:
-        m = _LOAD_REQ.search(line)
-        if m:
-            o["kv_size"] = int(m.group(1))
-            f.note_line("ctx:ollama_kv_size", lineno, line)
-        m = _PARALLEL.search(line)
-        if m:
-            o["parallel"] = int(m.group(1))
-        m = _KVTYPE.search(line)
-        if m and m.group(1):
-            o["kv_cache_type"] = m.group(1)
-        m = _FA.search(line)
-        if m:
-            o["flash_attention"] = m.group(1)
-    if "msg=" in line:
-        a = _attrs(line)
-        msg = a.get("msg", "")
-        if msg in ("offload to cuda", "offload to rocm", "offload to metal", "offload to cpu", "offload") or \
-                msg.startswith("offload to"):
-            o["estimate"] = {k: v for k, v in a.items() if k.startswith(("memory.", "layers.", "library"))}
-            if "memory.required.kv" in a:
-                o["kv_estimate_mib"] = _mib(a["memory.required.kv"])
-        elif msg in ("kv cache", "model weights", "compute graph", "total memory"):
-            o.setdefault("layout", []).append({"what": msg, "device": a.get("device"), "mib": _mib(a.get("size"))})
-        elif msg == "gpu memory":
-            o.setdefault("gpu_available_mib", []).append(_mib(a.get("available")))
-            f.note_line("free:ollama_gpu", lineno, line)
-            o["gpu_library"] = a.get("library")
-        elif msg == "system memory":
-            o["host_free_mib"] = _mib(a.get("free"))
-        elif msg == "inference compute":
-            name = a.get("name") or (a.get("library", "GPU") + a.get("id", "?"))
-            total, avail = _mib(a.get("total")), _mib(a.get("available"))
-            f.note_line("device:" + str(name), lineno, line)
-            f.set_device(name, "ollama", description=a.get("description"), total_mib=total, free_mib=avail)
-        elif "vram-based default context" in msg:
-            o["default_num_ctx"] = to_int(a.get("default_num_ctx"))
-        elif "requested context size too large" in msg:
-            f.warnings.append(line[:500])
-    low = line.lower()
-    if "memory layout cannot be allocated" in line:
-        # Ollama's own layout step (ml backend, 0.12+): specific to Ollama even when the log is this one line
-        f.engine_hints["ollama"] += 3
-        m = _NUM_GPU.search(line)
-        if m:
-            o["num_gpu"] = int(m.group(1))
-        f.add_event("engine", lineno, line, engine="ollama", phase="context", backend=None)
-        f.final_error = line
-        f.add_error(line)
-        return
-    if "more system memory" in line:
-        m = _SYSMEM.search(line)
-        if m:
-            # Ollama's own check before it starts a runner: the model does not fit the free RAM (+ free VRAM)
-            f.engine_hints["ollama"] += 3
-            f.add_event("engine", lineno, line, engine="ollama", phase="memory_budget", backend="cpu", device="CPU",
-                        requested_mib=size_to_mib(float(m.group(1)), m.group(2)),
-                        free_mib=size_to_mib(float(m.group(3)), m.group(4)))
-            f.final_error = line
-            f.add_error(line)
-            return
+        f.ollama["version"] = m.group(1)
+    return False
+
+
+def _load_request(f: LogFacts, line: str, lineno: int) -> bool:
+    o = f.ollama
+    m = _LOAD_REQ.search(line)
+    if m:
+        o["kv_size"] = int(m.group(1))
+        f.note_line("ctx:ollama_kv_size", lineno, line)
+    m = _PARALLEL.search(line)
+    if m:
+        o["parallel"] = int(m.group(1))
+    m = _KVTYPE.search(line)
+    if m and m.group(1):
+        o["kv_cache_type"] = m.group(1)
+    m = _FA.search(line)
+    if m:
+        o["flash_attention"] = m.group(1)
+    return False
+
+
+def _msg_record(f: LogFacts, line: str, lineno: int) -> bool:
+    """Ollama's structured records (``msg="offload to cuda"``, ``msg="kv cache"``, ``msg="inference compute"``...)."""
+    o = f.ollama
+    a = _attrs(line)
+    msg = a.get("msg", "")
+    if msg.startswith("offload"):
+        o["estimate"] = {k: v for k, v in a.items() if k.startswith(("memory.", "layers.", "library"))}
+        if "memory.required.kv" in a:
+            o["kv_estimate_mib"] = _mib(a["memory.required.kv"])
+    elif msg in ("kv cache", "model weights", "compute graph", "total memory"):
+        o.setdefault("layout", []).append({"what": msg, "device": a.get("device"), "mib": _mib(a.get("size"))})
+    elif msg == "gpu memory":
+        o.setdefault("gpu_available_mib", []).append(_mib(a.get("available")))
+        f.note_line("free:ollama_gpu", lineno, line)
+        o["gpu_library"] = a.get("library")
+    elif msg == "system memory":
+        o["host_free_mib"] = _mib(a.get("free"))
+    elif msg == "inference compute":
+        name = a.get("name") or (a.get("library", "GPU") + a.get("id", "?"))
+        f.note_line("device:" + str(name), lineno, line)
+        f.set_device(name, "ollama", description=a.get("description"), total_mib=_mib(a.get("total")),
+                     free_mib=_mib(a.get("available")))
+    elif "vram-based default context" in msg:
+        o["default_num_ctx"] = to_int(a.get("default_num_ctx"))
+    elif "requested context size too large" in msg:
+        f.warnings.append(line[:500])
+    return False
+
+
+def _fail(f: LogFacts, line: str, lineno: int, phase: str, hint: int, **data) -> bool:
+    f.engine_hints["ollama"] += hint
+    f.add_event("engine", lineno, line, engine="ollama", phase=phase, **{"backend": None, **data})
+    f.final_error = line
+    f.add_error(line)
+    return True
+
+
+def _layout(f: LogFacts, line: str, lineno: int) -> bool:
+    # Ollama's own layout step (ml backend, 0.12+): specific to Ollama even when the log is this one line
+    m = _NUM_GPU.search(line)
+    if m:
+        f.ollama["num_gpu"] = int(m.group(1))
+    return _fail(f, line, lineno, "context", 3)
+
+
+def _system_memory(f: LogFacts, line: str, lineno: int) -> bool:
+    # llm/server.go: Ollama's own check before it starts a runner: the model does not fit the free RAM (+ free VRAM)
+    m = _SYSMEM.search(line)
+    if not m:
+        return False
+    return _fail(f, line, lineno, "memory_budget", 3, backend="cpu", device="CPU",
+                 requested_mib=size_to_mib(float(m.group(1)), m.group(2)),
+                 free_mib=size_to_mib(float(m.group(3)), m.group(4)))
+
+
+def _runner_ended(f: LogFacts, line: str, lineno: int) -> bool:
     if "reported out-of-memory" in line:
         f.engine_hints["ollama"] += 3  # llm/llama_server.go (2026): the llama-server subprocess died of OOM
-    if ("llama runner process" in line or "llama-server process" in line) and "failed to create context" in line:
+    if "failed to create context" in line and ("llama runner process" in line or "llama-server process" in line):
         # runner (2024): "error:failed to create context with model '...'" (llama_new_context_with_model returned
         # NULL): the context could not be created; the buffer is not named
-        f.engine_hints["ollama"] += 2
-        f.add_event("engine", lineno, line, engine="ollama", phase="context", backend=None)
-        f.final_error = line
-        f.add_error(line)
-        return
-    if "llama runner process has terminated" in line or "llama-server process has terminated" in line \
-            or "reported out-of-memory" in line or "llama runner process no longer running" in line:
-        oom = any(w in low for w in _OOM_WORDS)
-        backend = "cuda" if "cuda" in low else "rocm" if "hip" in low else "vulkan" if "vk_" in low or "vulkan" in low else None
-        f.add_event("engine", lineno, line, engine="ollama", phase="unknown", backend=backend, oom=oom, weak=True)
-        f.final_error = line
-        f.add_error(line)
-        return
-    if "unable to create llama context" in line:
-        # runner (llama.go NewContextWithModel returned nil): llama_init_from_model failed, the buffer is not named
-        f.engine_hints["ollama"] += 2
-        f.add_event("engine", lineno, line, engine="ollama", phase="context", backend=None)
-        f.final_error = line
-        f.add_error(line)
-        return
-    if "model failed to load" in line or ("Error:" in line and "500 Internal Server Error" in line):
-        f.engine_hints["ollama"] += 2
-        f.add_event("final", lineno, line)
-        f.final_error = line
-        f.add_error(line)
-        return
-    if "msg=" in line and ("llama runner started" in line or "llama-server started" in line):
+        return _fail(f, line, lineno, "context", 2)
+    if not ("process has terminated" in line or "reported out-of-memory" in line or "no longer running" in line):
+        return False
+    low = line.lower()
+    backend = "cuda" if "cuda" in low else "rocm" if "hip" in low else "vulkan" if "vk_" in low or "vulkan" in low else None
+    return _fail(f, line, lineno, "unknown", 0, backend=backend, oom=any(w in low for w in _OOM_WORDS), weak=True)
+
+
+def _no_context(f: LogFacts, line: str, lineno: int) -> bool:
+    # runner (llama.go NewContextWithModel returned nil): llama_init_from_model failed, the buffer is not named
+    return _fail(f, line, lineno, "context", 2)
+
+
+def _final(f: LogFacts, line: str, lineno: int) -> bool:
+    if not ("model failed to load" in line or ("Error:" in line and "500 Internal Server Error" in line)):
+        return False
+    f.engine_hints["ollama"] += 2
+    f.add_event("final", lineno, line)
+    f.final_error = line
+    f.add_error(line)
+    return True
+
+
+def _started(f: LogFacts, line: str, lineno: int) -> bool:
+    if "msg=" in line:
         f.add_event("success", lineno, line)
+    return True
+
+
+SECTIONS: tuple[tuple[str, tuple[str, ...], Callable[[LogFacts, str, int], bool]], ...] = (
+    ("engine hints and version", ("msg=", "Listening on", "ollama", "Ollama", "llama runner", "OLLAMA_", "runner.go",
+                                  "version"), _hints),
+    ("load request (KvSize, Parallel, KvCacheType)", ("KvSize",), _load_request),
+    ("structured records (msg=...)", ("msg=",), _msg_record),
+    ("memory layout refused", ("memory layout cannot be allocated",), _layout),
+    ("system memory check", ("more system memory",), _system_memory),
+    ("runner / llama-server ended", ("process has terminated", "reported out-of-memory", "no longer running",
+                                     "llama runner process", "llama-server process"), _runner_ended),
+    ("runner could not create the context", ("unable to create llama context",), _no_context),
+    ("load failed / HTTP 500", ("model failed to load", "500 Internal Server Error"), _final),
+    ("runner started", ("llama runner started", "llama-server started"), _started),
+)
+"""(name, keywords, reader) in order; a reader returning True ends the line."""
+
+KEYWORDS: tuple[str, ...] = tuple(sorted({k for _n, kws, _r in SECTIONS for k in kws}))
+"""Derived from :data:`SECTIONS`."""
+
+
+def feed(f: LogFacts, line: str, lineno: int) -> None:
+    """Read one cleaned Ollama line into ``f``. Never raises on text."""
+    for _name, keywords, read in SECTIONS:
+        if any(k in line for k in keywords) and read(f, line, lineno):
+            return
 
 
 def num(text) -> float | None:
