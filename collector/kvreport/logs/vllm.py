@@ -79,6 +79,16 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
             f.final_error = line
             f.add_error(line)
         return
+    _pool_lines(f, line)
+    if _failure(f, line, lineno):
+        return
+    if "Application startup complete" in line or "Starting vLLM API server" in line:
+        f.add_event("success", lineno, line)
+
+
+def _pool_lines(f: LogFacts, line: str) -> None:
+    """The KV pool's size (tokens, blocks), the concurrency line and the auto-fit of max_model_len."""
+    v = f.vllm
     m = _POOL.search(line)
     if m:
         v["pool_tokens"] = to_int(m.group(1))
@@ -95,6 +105,11 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
     if m:
         f.fit = {"ran": True, "status": "fitted", "changed": {"max_model_len": [int(m.group(1)), int(m.group(2))]},
                  "projected_mib": None, "free_mib": None, "lines": [line[:300]]}
+
+
+def _failure(f: LogFacts, line: str, lineno: int) -> bool:
+    """vLLM's own refusals (KV capacity V0/V1, no memory for the cache blocks, the start-up gate) and torch OOMs."""
+    v = f.vllm
     m = _V0_CAP.search(line)
     if m:
         v["max_model_len"], v["pool_tokens"] = int(m.group(1)), int(m.group(2))
@@ -102,7 +117,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         f.add_event("engine", lineno, line, engine="vllm", phase="kv_capacity", backend=None)
         f.final_error = line
         f.add_error(line)
-        return
+        return True
     m = _V1_CAP.search(line)
     if m:
         v["max_model_len"] = int(m.group(1))
@@ -117,10 +132,10 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
                     requested_mib=v["kv_needed_mib"], free_mib=v["available_kv_mib"])
         f.final_error = line
         f.add_error(line)
-        return
+        return True
     if _NO_MEM.search(line) or "Cannot auto-fit max_model_len" in line:
         if '"No available memory' in line or "raise ValueError(" in line:
-            return  # the source line of the raise in a traceback, not the error itself
+            return True  # the source line of the raise in a traceback, not the error itself
         if _NO_MEM.search(line):
             # vLLM raises this when the profiled budget leaves nothing (V0: "# GPU blocks: 0") for the KV cache
             v.setdefault("available_kv_mib", 0.0)
@@ -128,7 +143,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         f.add_event("engine", lineno, line, engine="vllm", phase="kv_capacity", backend=None)
         f.final_error = line
         f.add_error(line)
-        return
+        return True
     m = _GATE.search(line)
     if m:
         free, total, util, want = (float(m.group(i)) for i in (2, 3, 4, 5))
@@ -143,7 +158,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
                     requested_mib=want * 1024.0, free_mib=free * 1024.0)
         f.final_error = line
         f.add_error(line)
-        return
+        return True
     t = torch_oom(line) if "Tried to allocate" in line else None
     if t and t["backend"] == "cuda":
         req, free, total = t["mib"], t.get("free_mib"), t.get("total_mib")
@@ -164,15 +179,16 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
                     requested_mib=req, free_mib=free, torch_oom=True)
         f.final_error = line
         f.add_error(line)
-        return
+        return True
     if "EngineCore failed to start" in line or "Engine core initialization failed" in line:
         f.engine_hints["vllm"] += 2
         f.add_event("final", lineno, line)
         f.final_error = f.final_error or line
         f.add_error(line)
-        return
-    if "Application startup complete" in line or "Starting vLLM API server" in line:
-        f.add_event("success", lineno, line)
+        return True
+    return False
+
+
 
 
 _RS_NEED = re.compile(r"Available:\s*([\d.]+)\s*MB,\s*Required:\s*([\d.]+)\s*MB")
