@@ -863,6 +863,8 @@ class _Diagnosis:
         return None, False
 
     def memory(self, failure: dict) -> tuple[dict, dict]:
+        """The memory section: KV inputs, the KV size (printed, else computed, else the failed buffer), recurrent
+        state, the engine's fit step, and the largest contexts that fit the failing device's KV budget."""
         f = self.f
         cfg_d = self.config()
         kvcache, shape = self.shape()
@@ -870,37 +872,72 @@ class _Diagnosis:
         inputs = mem["inputs"]
         inputs.update({"n_ctx": cfg_d["n_ctx"], "n_seq": cfg_d["n_seq"], "cache_type_k": cfg_d["cache_type_k"],
                        "cache_type_v": cfg_d["cache_type_v"]})
-        size = None
-        cfg = None
-        if shape is not None:
-            inputs["source"] = shape.source if shape.source in ("gguf", "log") else "log"
-            inputs["n_layer"] = shape.n_layer
-            kv_layers = [i for i in range(shape.n_layer) if not shape.has_kv or shape.has_kv[i]]
-            heads = sorted({shape.n_head_kv[i] for i in kv_layers}) if kv_layers else []
-            inputs["n_head_kv"] = heads[0] if len(heads) == 1 else (heads or None)
-            dk = sorted({shape.head_dim_k[i] for i in kv_layers}) if kv_layers else []
-            dv = sorted({shape.head_dim_v[i] for i in kv_layers}) if kv_layers else []
-            inputs["head_dim_k"] = dk[0] if len(dk) == 1 else (dk or None)
-            inputs["head_dim_v"] = dv[0] if len(dv) == 1 else (dv or None)
-            inputs["n_swa"] = shape.n_swa or None
-            n_ctx = cfg_d["n_ctx"] or shape.n_ctx_train or 4096
-            unsized = not cfg_d["n_ctx"] and failure["phase"] == "unknown" and not self.has_memory_event \
-                and not self.f.kv_caches
-            if not cfg_d["n_ctx"]:
-                inputs["source"] = "assumed"
-                inputs["n_ctx"] = n_ctx
-            build = f.build if f.build and f.build > 0 else None
-            cfg = kvcache.KVConfig(n_ctx=n_ctx, n_seq=max(1, cfg_d["n_seq"] or 1), kv_unified=cfg_d["kv_unified"],
-                                   cache_type_k=cfg_d["cache_type_k"], cache_type_v=cfg_d["cache_type_v"],
-                                   flash_attn=cfg_d["flash_attn"] is not False, swa_full=cfg_d["swa_full"],
-                                   n_ubatch=cfg_d["n_ubatch"] or 512, build=build)
-            if unsized:
-                # no cache was configured or sized before a failure that is not about memory: print no KV
-                inputs["n_ctx"] = None
-            else:
-                size = kvcache.kv_size(shape, cfg)
-                inputs["n_ctx"] = size.n_ctx
+        size, cfg = self._size_from_shape(kvcache, shape, cfg_d, failure, inputs) if shape is not None else (None, None)
         printed, printed_dry = self.printed_kv()
+        kv = self._pick_kv(failure, size, printed, printed_dry)
+        mem["kv_required_mib"] = _r2(kv)
+        real_rs = [r for r in f.rs_caches if not r.get("dry_run")]
+        if real_rs:
+            mem["rs_required_mib"] = _r2(real_rs[-1]["mib"])
+        elif size is not None and size.rs_bytes:
+            mem["rs_required_mib"] = _r2(size.rs_mib)
+        if size is not None and size.bytes_per_token:
+            mem["kv_mib_per_1k_tokens"] = _r2(size.bytes_per_token * 1024 / MIB)
+        self._fit_step(mem)
+        budget_mib = self._kv_budget(failure, kv)
+        if shape is not None and cfg is not None and budget_mib is not None and budget_mib > 0:
+            share = self._kv_share(failure.get("failing_device"))
+            fits = {}
+            for t in ("f16", "q8_0", "q4_0"):
+                c = cfg.with_(cache_type_k=t, cache_type_v=t, flash_attn=True if t != "f16" else cfg.flash_attn)
+                fits[t] = int(kvcache.max_ctx_fit(shape, budget_mib * MIB / share, c))
+            mem["max_ctx_fit"] = fits
+        self.derived_bpt = None
+        if shape is None and failure["phase"] == "kv_cache" and kv is not None and cfg_d["n_ctx"] \
+                and not printed and self._single_kv_device(failure.get("failing_device")):
+            self._per_token_from_buffer(mem, kv, cfg_d, budget_mib)
+        self.size, self.cfg, self.shape_obj, self.kvcache = size, cfg, shape, kvcache
+        self.budget_mib = budget_mib
+        return mem, cfg_d
+
+    def _size_from_shape(self, kvcache, shape, cfg_d: dict, failure: dict, inputs: dict):
+        """The model's KV inputs into ``inputs`` and kvreport's KV size for the configuration the engine allocated:
+        (KVSize or None, KVConfig)."""
+        inputs["source"] = shape.source if shape.source in ("gguf", "log") else "log"
+        inputs["n_layer"] = shape.n_layer
+        kv_layers = [i for i in range(shape.n_layer) if not shape.has_kv or shape.has_kv[i]]
+
+        def one_or_all(values):
+            vals = sorted({values[i] for i in kv_layers}) if kv_layers else []
+            return vals[0] if len(vals) == 1 else (vals or None)
+
+        inputs["n_head_kv"] = one_or_all(shape.n_head_kv)
+        inputs["head_dim_k"] = one_or_all(shape.head_dim_k)
+        inputs["head_dim_v"] = one_or_all(shape.head_dim_v)
+        inputs["n_swa"] = shape.n_swa or None
+        n_ctx = cfg_d["n_ctx"] or shape.n_ctx_train or 4096
+        unsized = not cfg_d["n_ctx"] and failure["phase"] == "unknown" and not self.has_memory_event \
+            and not self.f.kv_caches
+        if not cfg_d["n_ctx"]:
+            inputs["source"] = "assumed"
+            inputs["n_ctx"] = n_ctx
+        build = self.f.build if self.f.build and self.f.build > 0 else None
+        cfg = kvcache.KVConfig(n_ctx=n_ctx, n_seq=max(1, cfg_d["n_seq"] or 1), kv_unified=cfg_d["kv_unified"],
+                               cache_type_k=cfg_d["cache_type_k"], cache_type_v=cfg_d["cache_type_v"],
+                               flash_attn=cfg_d["flash_attn"] is not False, swa_full=cfg_d["swa_full"],
+                               n_ubatch=cfg_d["n_ubatch"] or 512, build=build)
+        if unsized:
+            # no cache was configured or sized before a failure that is not about memory: print no KV
+            inputs["n_ctx"] = None
+            return None, cfg
+        size = kvcache.kv_size(shape, cfg)
+        inputs["n_ctx"] = size.n_ctx
+        return size, cfg
+
+    def _pick_kv(self, failure: dict, size, printed: float | None, printed_dry: bool) -> float | None:
+        """The KV size: printed by the engine for its real attempt, else computed, else the dry run's, else the failed
+        KV buffer, else SGLang's pool or Ollama's layout."""
+        f = self.f
         computed = size.kv_mib if size is not None else None
         if printed is not None and not printed_dry:
             kv = printed
@@ -927,48 +964,33 @@ class _Diagnosis:
             if kvs:
                 kv = sum(kvs)
                 self.finding("kv_from_ollama_layout", f"the KV size is Ollama's own memory layout ({_fmt(kv)} MiB)")
-        mem["kv_required_mib"] = _r2(kv)
-        real_rs = [r for r in f.rs_caches if not r.get("dry_run")]
-        if real_rs:
-            mem["rs_required_mib"] = _r2(real_rs[-1]["mib"])
-        elif size is not None and size.rs_bytes:
-            mem["rs_required_mib"] = _r2(size.rs_mib)
-        if size is not None and size.bytes_per_token:
-            mem["kv_mib_per_1k_tokens"] = _r2(size.bytes_per_token * 1024 / MIB)
-        fit = f.fit
-        if fit:
-            mem["fit"] = {"ran": bool(fit.get("ran")), "status": fit.get("status") or "unknown",
-                          "changed": dict(fit.get("changed") or {})}
-            ch = (fit.get("changed") or {}).get("n_ctx")
-            if ch:
-                self.finding("fit_changed_ctx", f"the engine's auto-fit lowered n_ctx from {ch[0]} to {ch[1]}")
-            if str(fit.get("status", "")).startswith("failed"):
-                self.finding("fit_failed", "the engine's auto-fit could not make the model fit and left the "
-                             "parameters as they were; the real load went ahead anyway", None)
-        budget_mib = self._kv_budget(failure, kv)
-        if shape is not None and cfg is not None and budget_mib is not None and budget_mib > 0:
-            share = self._kv_share(failure.get("failing_device"))
-            fits = {}
-            for t in ("f16", "q8_0", "q4_0"):
-                c = cfg.with_(cache_type_k=t, cache_type_v=t, flash_attn=True if t != "f16" else cfg.flash_attn)
-                fits[t] = int(kvcache.max_ctx_fit(shape, budget_mib * MIB / share, c))
-            mem["max_ctx_fit"] = fits
-        self.derived_bpt = None
-        if shape is None and failure["phase"] == "kv_cache" and kv is not None and cfg_d["n_ctx"] \
-                and not printed and self._single_kv_device(failure.get("failing_device")):
-            # no model parameters, but the failed KV buffer holds the whole KV of n_ctx cells: its cost per token
-            self.derived_bpt = kv * MIB / float(cfg_d["n_ctx"])
-            mem["kv_mib_per_1k_tokens"] = _r2(self.derived_bpt * 1024 / MIB)
-            self.finding("kv_per_token_from_buffer",
-                         f"{_fmt(mem['kv_mib_per_1k_tokens'])} MiB of KV per 1k tokens, derived from the failed KV "
-                         f"buffer ({_fmt(kv)} MiB) for n_ctx {cfg_d['n_ctx']}")
-            if budget_mib is not None and budget_mib > 0:
-                cur = _BYTES_PER_VALUE.get(str(cfg_d["cache_type_k"]), 2.0)
-                mem["max_ctx_fit"] = {t: int(budget_mib * MIB / (self.derived_bpt * _BYTES_PER_VALUE[t] / cur)) // 256 * 256
-                                      for t in ("f16", "q8_0", "q4_0")}
-        self.size, self.cfg, self.shape_obj, self.kvcache = size, cfg, shape, kvcache
-        self.budget_mib = budget_mib
-        return mem, cfg_d
+        return kv
+
+    def _fit_step(self, mem: dict) -> None:
+        """The engine's own auto-fit step (llama.cpp --fit, vLLM's max_model_len auto-fit) and its findings."""
+        fit = self.f.fit
+        if not fit:
+            return
+        mem["fit"] = {"ran": bool(fit.get("ran")), "status": fit.get("status") or "unknown",
+                      "changed": dict(fit.get("changed") or {})}
+        ch = (fit.get("changed") or {}).get("n_ctx")
+        if ch:
+            self.finding("fit_changed_ctx", f"the engine's auto-fit lowered n_ctx from {ch[0]} to {ch[1]}")
+        if str(fit.get("status", "")).startswith("failed"):
+            self.finding("fit_failed", "the engine's auto-fit could not make the model fit and left the "
+                         "parameters as they were; the real load went ahead anyway", None)
+
+    def _per_token_from_buffer(self, mem: dict, kv: float, cfg_d: dict, budget_mib: float | None) -> None:
+        """No model parameters, but the failed KV buffer holds the whole KV of n_ctx cells: its cost per token."""
+        self.derived_bpt = kv * MIB / float(cfg_d["n_ctx"])
+        mem["kv_mib_per_1k_tokens"] = _r2(self.derived_bpt * 1024 / MIB)
+        self.finding("kv_per_token_from_buffer",
+                     f"{_fmt(mem['kv_mib_per_1k_tokens'])} MiB of KV per 1k tokens, derived from the failed KV "
+                     f"buffer ({_fmt(kv)} MiB) for n_ctx {cfg_d['n_ctx']}")
+        if budget_mib is not None and budget_mib > 0:
+            cur = _BYTES_PER_VALUE.get(str(cfg_d["cache_type_k"]), 2.0)
+            mem["max_ctx_fit"] = {t: int(budget_mib * MIB / (self.derived_bpt * _BYTES_PER_VALUE[t] / cur)) // 256 * 256
+                                  for t in ("f16", "q8_0", "q4_0")}
 
     def _rounded_ctx(self) -> int | None:
         """N from ``n_ctx is not divisible by n_seq_max - rounding down to N`` (llama_context, llama.cpp)."""

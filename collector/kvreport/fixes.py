@@ -200,6 +200,30 @@ def _ctx_change(s: Situation, n: int) -> dict:
 
 # ------------------------------------------------------------------ llama.cpp family rules
 
+def _reduce_ctx_by_examples(b: _Builder, rank: float) -> bool:
+    """Without the model (a typed summary line): reduce-ctx with no value, the scale given by example shapes."""
+    s = b.s
+    if not (s.kv_basis is None and s.kv_examples_fit and s.phase in ("kv_cache", "context")):
+        return False
+    ex = "; ".join(f"{name}: about {_tok(n)} tokens" for name, n in s.kv_examples_fit)
+    b.add(rank, "reduce-ctx", "Ask for a much smaller context", {},
+          f"the model is not known, so no value is computed for it; for scale, the largest context whose f16 KV "
+          f"fits {_mib(s.kv_budget_mib)} MiB is, for example shapes (not your model): {ex}",
+          "The KV cache is n_ctx tokens x bytes per token; a smaller context is the first lever (playbook step 1). "
+          "Give kvreport the model (--model FILE.gguf) or the command line to get the exact number.")
+    return True
+
+
+def _ctx_room(s: Situation, budget: float | None, dev: str) -> str:
+    """The words for the memory a new context must fit in (for reduce-ctx's explanation)."""
+    if s.phase == "compute_buffer" and s.kv_budget_mib is not None:
+        return f"the {_mib(budget)} MiB {dev} has for the KV once the {_mib(s.requested_mib)} MiB compute buffer fits"
+    if s.kv_headroom_mib:
+        return (f"the {_mib(budget)} MiB left on {dev} once {s.kv_headroom_why or _mib(s.kv_headroom_mib) + ' MiB'} "
+                "is kept free (llama.cpp allocates the compute buffer on the same device right after the KV)")
+    return f"the {_mib(budget)} MiB left on {dev}"
+
+
 def _reduce_ctx(b: _Builder, rank: float) -> None:
     """reduce-ctx with the number that justifies it.
 
@@ -229,26 +253,14 @@ def _reduce_ctx(b: _Builder, rank: float) -> None:
                   "The KV cache is n_ctx tokens x bytes per token; a smaller context is the first lever (playbook "
                   "step 1). Run kvreport with the command line (or the model file) to get the exact number.")
         return
-    if s.kv_basis is None and s.kv_examples_fit and s.phase in ("kv_cache", "context"):
-        ex = "; ".join(f"{name}: about {_tok(n)} tokens" for name, n in s.kv_examples_fit)
-        b.add(rank, "reduce-ctx", "Ask for a much smaller context", {},
-              f"the model is not known, so no value is computed for it; for scale, the largest context whose f16 KV "
-              f"fits {_mib(s.kv_budget_mib)} MiB is, for example shapes (not your model): {ex}",
-              "The KV cache is n_ctx tokens x bytes per token; a smaller context is the first lever (playbook step 1). "
-              "Give kvreport the model (--model FILE.gguf) or the command line to get the exact number.")
+    if _reduce_ctx_by_examples(b, rank):
         return
     basis = " (per-token cost derived from the failed KV buffer)" if s.kv_basis == "failed_buffer" else ""
     fit = (s.max_ctx_fit or {}).get(_type_key(s.cache_type_k))
     train = s.n_ctx_train if s.n_ctx_train and s.n_ctx_train > 0 else None
     budget = s.kv_budget_mib if s.kv_budget_mib is not None else s.free_at_failure_mib
     dev = s.failing_device or "the failing device"
-    if s.phase == "compute_buffer" and s.kv_budget_mib is not None:
-        room = f"the {_mib(budget)} MiB {dev} has for the KV once the {_mib(s.requested_mib)} MiB compute buffer fits"
-    elif s.kv_headroom_mib:
-        room = (f"the {_mib(budget)} MiB left on {dev} once {s.kv_headroom_why or _mib(s.kv_headroom_mib) + ' MiB'} "
-                "is kept free (llama.cpp allocates the compute buffer on the same device right after the KV)")
-    else:
-        room = f"the {_mib(budget)} MiB left on {dev}"
+    room = _ctx_room(s, budget, dev)
     if budget is not None and budget <= 0:
         return  # nothing is left for the KV on that device: other rules apply (e.g. raise-memory-limit)
     if fit is not None and fit <= 0:
