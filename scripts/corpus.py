@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "collector")]
 
 from kvreport.analyze import analyze_text  # noqa: E402
+from kvreport.logs import parse_log  # noqa: E402
 
 SEED = "kvreport-corpus-2026-12-01"
 CASES = ROOT / "tests" / "data" / "cases"
@@ -112,6 +113,16 @@ def score(cases: list[Path]) -> dict:
             "silent_over_failure": silent, "misses": misses}
 
 
+def unread_memory_lines(cases: list[Path]) -> list[str]:
+    """Memory-error lines that no specific rule read: the failure layer's net (``memory-words``) caught them."""
+    out = []
+    for case in cases:
+        facts = parse_log((case / "log.txt").read_text(errors="replace").splitlines())
+        out += [f"{case.name}:{e['lineno']}: {e['line'][:120]}" for e in facts.events
+                if e["kind"] == "oom" and e.get("rule") == "memory-words"]
+    return out
+
+
 def table(cases: list[Path]) -> dict:
     eng, back, year = Counter(), Counter(), Counter()
     for case in cases:
@@ -134,7 +145,9 @@ def main(argv=None) -> int:
     hold = [c for c in cases if is_holdout(c)]
     out = {"table": table(cases), "n_cases": len(cases), "n_tuning": len(tune), "n_holdout": len(hold),
            "threads_holdout": len({thread_of(c) for c in hold}),
-           "tuning": score(tune)}
+           "tuning": score(tune), "unread_memory_lines": unread_memory_lines(tune)}
+    if a.holdout:
+        out["unread_memory_lines_holdout"] = unread_memory_lines(hold)
     if a.holdout:
         out["holdout"] = score(hold)
     if a.json:
@@ -144,6 +157,11 @@ def main(argv=None) -> int:
           f"{out['threads_holdout']} threads)")
     for k, v in out["table"].items():
         print(f"  by {k}: " + ", ".join(f"{n} {c}" for n, c in v.items()))
+    print(f"memory-error lines no specific rule read (the failure layer's net caught them), tuning set: "
+          f"{len(out['unread_memory_lines'])}"
+          + (f", set-aside quarter: {len(out['unread_memory_lines_holdout'])}" if a.holdout else ""))
+    for line in out["unread_memory_lines"][:20] if a.misses else []:
+        print("   unread", line)
     for name in ("tuning", "holdout"):
         s = out.get(name)
         if not s:

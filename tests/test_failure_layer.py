@@ -20,6 +20,15 @@ EXAMPLES = [
     ("ggml-cuda-error", "CUDA error: out of memory", "cuda", "unknown"),
     ("ggml-cuda-error", "ROCm error: out of memory", "rocm", "unknown"),
     ("cuda-malloc-oom", "cudaMalloc failed: out of memory", "cuda", "unknown"),
+    ("ggml-cuda-error-tail", "2023/11/22 11:37:21 llama.go:430: 2 at /go/src/github.com/jmorganca/ollama/llm/llama.cpp/"
+                             "gguf/ggml-cuda.cu:7358: out of memory", "cuda", "unknown"),
+    ("kv-need-only", "262,144 | x | - | KV cache OOM (need 8.33 GiB, only 8.29 GiB) |", None, "kv_cache"),
+    ("torch-oom-bare", "RuntimeError: CUDA driver error: out of memory", "cuda", "unknown"),
+    ("metal-iogpu-oom", "libc++abi: terminating due to uncaught exception of type std::runtime_error: [METAL] Command "
+                        "buffer execution failed: Insufficient Memory", "metal", "compute_buffer"),
+    ("oom-killer", "A process of this unit has been killed by the OOM killer.", "cpu", "unknown"),
+    ("engine:llama.cpp", "ggml_backend_opencl_buffer_type_alloc_buffer: failed to allocate 1048.51 MiB", "opencl",
+     "unknown"),
     ("metal-nil", "ggml_metal_get_buffer: error: buffer is nil", "metal", "compute_buffer"),
     ("python-memoryerror", "MemoryError: Unable to allocate 1.21 GiB for an array with shape (4096, 79104)", "cpu",
      "unknown"),
@@ -190,3 +199,19 @@ def test_quote_bars_and_glued_messages():
              "16571.89 MiB ggml_gallocr_reserve_n: failed to allocate Metal buffer of size 17376872352\n")
     f = analyze_text(glued)["failure"]
     assert (f["phase"], f["backend"]) == ("compute_buffer", "metal")
+
+
+def test_the_net_reads_a_size_and_skips_info_records():
+    d = analyze_text("eighth draft pool: CUDA OOM while allocating 5.16 GiB\n")
+    assert d["failure"]["requested_mib"] == pytest.approx(5283.84)
+    info = ("(EngineCore pid=1) INFO 08-21 18:37:44 [model_runner.py:1442] Capturing cudagraphs for decoding. If "
+            "out-of-memory error occurs during cudagraph capture, consider decreasing gpu_memory_utilization\n")
+    assert analyze_text(info)["failure"]["phase"] == "none"
+
+
+def test_a_log_that_ends_on_its_only_pinned_refusal_is_not_called_recovered():
+    d = analyze_text("ggml_cuda_host_malloc: failed to allocate 4096.00 MiB of pinned memory: out of memory\n")
+    assert d["failure"]["phase"] == "unknown"
+    went_on = ("ggml_cuda_host_malloc: failed to allocate 4096.00 MiB of pinned memory: out of memory\n"
+               "llama_kv_cache_init:        CPU KV buffer size =  4096.00 MiB\n")
+    assert analyze_text(went_on)["failure"]["phase"] == "none"

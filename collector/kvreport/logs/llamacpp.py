@@ -60,7 +60,10 @@ _PROGRAM = re.compile(r"\b(llama-server|llama-cli|llama-completion|llama-bench|l
 
 # failure chain
 _CUDA_OOM = re.compile(r"allocating ([\d.]+) MiB on device (\d+): (cuda|hip|musa)Malloc failed:?\s*(.*)", re.I)
-_PINNED = re.compile(r"ggml_cuda_host_malloc: failed to allocate ([\d.]+) MiB of pinned memory(?::\s*(.*))?")
+# ggml-cuda ggml_cuda_host_malloc: "failed to allocate N MiB of pinned memory: <why>" (2024+, "warning: " before it in
+# some builds); 2023 builds printed "WARNING: failed to allocate N MB of pinned memory: out of memory"
+_PINNED = re.compile(r"(?:ggml_cuda_host_malloc: )?(?:warning: |WARNING: )?failed to allocate ([\d.]+) (?:MiB|MB) of "
+                     r"pinned memory(?::\s*(.*))?")
 _VK_ALLOC = re.compile(r"Device memory allocation of size (\d+) failed")
 _VK_ERR = re.compile(r"ggml_vulkan:\s*(.*(?:Error\w+|exceeds|No suitable memory).*)")
 _VK_PINNED = re.compile(r"ggml_vulkan: Failed to allocate pinned memory")
@@ -74,7 +77,10 @@ _SYCL = re.compile(r"can't (?:allocate|malloc) (\d+) Bytes (?:of )?memory on (de
 # OpenVINO intel_gpu plugin (an exception text llama.cpp prints after "failed to initialize the context: ")
 _OV_LIMIT = re.compile(r"\[GPU\] Exceeded max size of memory object allocation: requested (\d+) bytes, but max alloc size "
                        r"supported by device is (\d+) bytes")
-_CPU_OOM = re.compile(r"ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size (\d+)")
+# ggml-backend <name>_buffer_type_alloc_buffer: "failed to allocate buffer of size N" (bytes; older builds print no
+# size), OpenCL's "failed to allocate N MiB"; the backend is in the function's name
+_BACKEND_ALLOC = re.compile(r"backend_(cpu|opencl|cann|musa|sycl|vk|metal|rpc)_buffer_type_alloc_buffer: failed to allocate "
+                            r"(?:buffer(?: of size (\d+))?|([\d.]+) MiB)")
 _ALIGNED = re.compile(r"ggml_aligned_malloc: insufficient memory \(attempted to allocate\s*([\d.]+) MB\)")
 _OPENVINO = re.compile(r"openvino\w*: failed to allocate (?:buffer of size |)(\d+)", re.I)
 _CANN = re.compile(r"cann\w*: .*?(?:alloc|malloc)\w* failed.*?(\d+)", re.I)
@@ -83,7 +89,7 @@ _NOT_ENOUGH = re.compile(r"not enough space in the buffer to allocate (\d+) byte
 _REASONS = (
     (re.compile(r"failed to allocate buffer for (?:the )?kv cache|llama_kv_cache_init\(\) failed|failed to initialize self-attention cache"), "kv_cache"),
     (re.compile(r"failed to allocate buffer for (?:the )?rs cache|failed to initialize (?:the )?recurrent"), "kv_cache"),
-    (re.compile(r"failed to allocate compute (?:pp |tg )?buffers|failed to reserve compute|failed to allocate the compute buffer"), "compute_buffer"),
+    (re.compile(r"failed to allocate compute (?:pp |tg )?buf|failed to reserve compute|failed to allocate the compute buffer"), "compute_buffer"),
     (re.compile(r"unable to allocate (?:\S+ )?buffer|unable to allocate backend buffer|mmap failed: Cannot allocate memory|error loading model: .*(?:out of memory|Cannot allocate memory|failed to allocate)"), "model_weights"),
     (re.compile(r"memory layout cannot be allocated"), "context"),
 )
@@ -559,6 +565,18 @@ def _f_bytes(backend: str, device: str | None, **extra) -> Callable:
     return handle
 
 
+_BACKEND_OF_BUFTYPE = {"cpu": "cpu", "opencl": "opencl", "cann": "cann", "musa": "musa", "sycl": "sycl", "vk": "vulkan",
+                      "metal": "metal", "rpc": "unknown"}
+
+
+def _f_backend_alloc(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+    backend = _BACKEND_OF_BUFTYPE[m.group(1)]
+    nbytes = int(m.group(2)) if m.group(2) else None
+    mib = nbytes / MIB if nbytes is not None else (float(m.group(3)) if m.group(3) else None)
+    f.add_event("backend", lineno, line, backend=backend, device="CPU" if backend == "cpu" else None, bytes=nbytes,
+                mib=mib, error="")
+
+
 def _f_aligned(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
     f.add_event("backend", lineno, line, backend="cpu", device="CPU", mib=float(m.group(1)), error="", detail=True)
 
@@ -633,7 +651,7 @@ FAILURE_RULES: tuple[tuple[str, str | None, re.Pattern, Callable], ...] = (
     ("Vulkan pinned memory (recoverable)", "pinned memory", _VK_PINNED, _f_vk_pinned),
     ("Vulkan device allocation", "Device memory allocation", _VK_ALLOC, _f_vk_alloc),
     ("Vulkan error", "ggml_vulkan", _VK_ERR, _f_vk_err),
-    ("CPU buffer", "alloc_buffer", _CPU_OOM, _f_bytes("cpu", "CPU")),
+    ("backend buffer type refused", "alloc_buffer", _BACKEND_ALLOC, _f_backend_alloc),
     ("CPU aligned malloc", "ggml_aligned_malloc", _ALIGNED, _f_aligned),
     ("Metal buffer", None, _METAL, _f_metal),
     ("SYCL malloc", "can't", _SYCL, _f_sycl),

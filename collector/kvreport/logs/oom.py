@@ -144,6 +144,10 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"(CUBLAS|HIPBLAS)_STATUS_ALLOC_FAILED|ROCBLAS_STATUS_MEMORY_ERROR"),
             "cuda", "cuBLAS/hipBLAS status names (CUBLAS_CHECK in ggml-cuda.cu); ollama reports 2024: the BLAS "
             "workspace of a matrix multiplication, allocated while the graph runs", phase="compute_buffer"),
+    # Ollama's 2023 runner logged ggml's "CUDA error 2 at FILE:LINE: out of memory" in two chunks: "CUDA error" and
+    # "2 at .../ggml-cuda.cu:7358: out of memory"
+    OomRule("ggml-cuda-error-tail", ("ggml-cuda.cu:",), re.compile(r"\b\d+ at \S*ggml-cuda\.cu:\d+: out of memory"), "cuda",
+            "ggml-cuda.cu CUDA_CHECK (2023) as Ollama's llama.go forwarded it"),
     OomRule("cuda-malloc-oom", ("cudaMalloc failed", "hipMalloc failed", "cuMemCreate", "cudaErrorMemoryAllocation"),
             re.compile(r"(cuda|hip)Malloc failed: out of memory|cudaErrorMemoryAllocation|hipErrorOutOfMemory"),
             "cuda", "ggml-cuda.cu ggml_backend_cuda_buffer_type_alloc_buffer; Ollama 'cudaMalloc failed: out of memory'"),
@@ -158,9 +162,12 @@ RULES: tuple[OomRule, ...] = (
             "/ Device limit / Free (according to CUDA)'); TGI warm-up panics quote it with literal \\n",
             read=lambda m: {"device_index": int(m.group(1)), "mib": _mib(m.group(2), m.group(3)),
                             **({"free_mib": _mib(m.group(4), m.group(5))} if m.group(4) else {})}),
-    OomRule("torch-oom-bare", ("OutOfMemoryError", "CUDA out of memory", "HIP out of memory", "XPU out of memory"),
-            re.compile(r"torch\.(?:cuda\.)?OutOfMemoryError|\b(?:CUDA|HIP|XPU) out of memory"), None,
-            "torch OutOfMemoryError without the allocator's sizes (pasted tracebacks)"),
+    OomRule("torch-oom-bare", ("OutOfMemoryError", "CUDA out of memory", "HIP out of memory", "XPU out of memory",
+                               "CUDA driver error: out of memory", "Triton Error [CUDA]: out of memory"),
+            re.compile(r"torch\.(?:cuda\.)?OutOfMemoryError|\b(?:CUDA|HIP|XPU) out of memory|CUDA driver error: out of "
+                       r"memory|Triton Error \[CUDA\]: out of memory"), "cuda",
+            "torch OutOfMemoryError without the allocator's sizes (pasted tracebacks); the CUDA driver's and Triton's "
+            "own out-of-memory errors in the same Python engines"),
     # -- Metal: ggml-metal.m (2023-24) "ggml_metal_add_buffer: error: failed to allocate 'X' buffer, size = N MB",
     #    "ggml_metal_graph_compute: command buffer N failed with status 5", and the IOGPU error text; mlx:
     #    mlx/backend/metal/allocator.cpp "[metal::malloc] Attempting to allocate N bytes which is greater than the
@@ -169,7 +176,8 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"failed to allocate '(?P<name>[^']*)' buffer, size = ([\d.]+) ?(MB|MiB|GB|GiB)"),
             "metal", "ggml-metal.m ggml_metal_add_buffer (2023-2024 builds)", read=_metal_buf),
     OomRule("metal-iogpu-oom", ("kIOGPUCommandBufferCallbackErrorOutOfMemory", "Insufficient Memory"),
-            re.compile(r"kIOGPUCommandBufferCallbackErrorOutOfMemory|Insufficient Memory \(0+8"),
+            re.compile(r"kIOGPUCommandBufferCallbackErrorOutOfMemory|Insufficient Memory \(0+8|"
+                       r"Command buffer execution failed: Insufficient Memory"),
             "metal", "Metal command buffer error (MTLCommandBufferErrorOutOfMemory); llama.cpp, mlx, Ollama reports",
             phase="compute_buffer"),
     OomRule("metal-status-5", ("failed with status 5",),
@@ -214,9 +222,10 @@ RULES: tuple[OomRule, ...] = (
             "libstdc++ 'terminate called after throwing an instance of std::bad_alloc'"),
     OomRule("enomem", ("Cannot allocate memory", "cannot allocate memory", "ENOMEM"),
             re.compile(r"[Cc]annot allocate memory|\bENOMEM\b"), "cpu", "strerror(ENOMEM) (mmap, fork, malloc wrappers)"),
-    OomRule("oom-killer", ("Out of memory: Kill", "oom-kill", "oom_kill", "OOMKilled", "signal: killed",
+    OomRule("oom-killer", ("Out of memory: Kill", "oom-kill", "oom_kill", "OOMKilled", "signal: killed", "OOM killer",
                            "exit status 137", "Killed"),
-            re.compile(r"Out of memory: Kill(?:ed)? process|oom[-_]kill|OOMKilled|signal: killed|exit status 137|"
+            re.compile(r"Out of memory: Kill(?:ed)? process|oom[-_]kill|OOMKilled|killed by the OOM killer|signal: killed|"
+                       r"exit status 137|"
                        r"^(?:\S+: )?Killed(?:\s+\S.*)?$|\bKilled\s+(?:python\S*|llama\S*|ollama\S*|vllm\S*)"),
             "cpu", "Linux OOM killer (dmesg), shells' 'Killed', Go's 'signal: killed', docker OOMKilled"),
     OomRule("python-memoryerror", ("MemoryError",), re.compile(r"\bMemoryError\b(?!\w)"), "cpu", "Python MemoryError"),
@@ -242,6 +251,13 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"(?i:failed to find (?:a )?(?:kv cache slot|memory slot for (?:u?batch)|free space in the kv cache)"
                        r"|could not find a kv cache slot)"),
             None, "llama.cpp llama_decode / server; Ollama runner (kvcache)", phase="kv_capacity"),
+    OomRule("kv-need-only", ("need",),
+            re.compile(r"(?i:kv[ -]?cache\b.{0,40}?(?:oom|out of memory|too (?:large|big)|does ?n[o']t fit)\W{1,4}"
+                       r"(?:need(?:s|ed)?|requires?)\s*(?P<need>[\d.]+)\s*(?P<nu>[KMGT]i?B),?\s*(?:but )?"
+                       r"(?:only|have|available)\s*(?P<have>[\d.]+)\s*(?P<hu>[KMGT]i?B))"),
+            None, "users' and blogs' summaries: 'KV cache OOM (need 8.33 GiB, only 8.29 GiB)'", phase="kv_cache",
+            read=lambda m: {"mib": _mib(m.group("need"), m.group("nu")), "free_mib": _mib(m.group("have"), m.group("hu")),
+                            "summary": True}),
     # -- the net: any other line in the words of a memory failure (format not fully understood)
     OomRule("memory-words", ("out of memory", "Out of memory", "OUT OF MEMORY", "OutOfMemory", "OUT_OF_MEMORY",
                              "out-of-memory", "Out Of Memory", "insufficient memory", "Insufficient memory",
@@ -296,6 +312,8 @@ KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in (*RULES, FATAL) for k in r.
 """Every literal that selects a line for this layer (derived from :data:`RULES`, never kept by hand)."""
 
 _CURRENT_DEVICE = re.compile(r"current device: (\d+)(?:, in function (\w+))?")
+_LOG_LEVEL_INFO = re.compile(r"(?:^|[\s\]|)])(?:INFO|DEBUG|level=INFO|level=DEBUG)\b")
+_NET_SIZE = re.compile(r"(?i)allocat\w*\s+([\d.]+)\s*([KMGT]i?B)\b")
 _NOT_FAILURES = re.compile(r"(?i)\b(?:to avoid|avoid(?:s|ing)? (?:an? )?(?:oom|out of memory)|may run out|might run out|"
                            r"if you (?:run|get|see)|reduce .{0,40}to prevent|--help|usage:|prevent oom|oom[ _-]?(?:score|adj))")
 _BACKEND_WORDS = (("hip", "rocm"), ("rocm", "rocm"), ("cuda", "cuda"), ("musa", "musa"), ("vulkan", "vulkan"),
@@ -308,6 +326,15 @@ def _backend_of_words(low: str) -> str | None:
         if word in low:
             return backend
     return None
+
+
+def _net_data(line: str) -> dict | None:
+    """What the net reads from a line in memory-failure words: a size when it names one ("CUDA OOM while allocating
+    5.16 GiB"); None for advice, usage text, or an INFO/DEBUG record that only mentions memory errors."""
+    if _NOT_FAILURES.search(line) or _LOG_LEVEL_INFO.search(line[:120]):
+        return None
+    size = _NET_SIZE.search(line)
+    return {"mib": _mib(size.group(1), size.group(2))} if size else {}
 
 
 def feed(f: LogFacts, line: str, lineno: int) -> None:
@@ -332,9 +359,9 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         m = rule.pattern.search(line)
         if m is None:
             continue
-        if rule.generic and _NOT_FAILURES.search(line):
-            return
-        data = rule.read(m) if rule.read else {}
+        data = _net_data(line) if rule.generic else (rule.read(m) if rule.read else {})
+        if data is None:
+            return  # advice, usage text, or an INFO/DEBUG record that mentions memory errors
         backend = rule.backend
         if rule.id == "ggml-cuda-error":
             backend = {"ROCm": "rocm", "MUSA": "musa"}.get(data.get("cuda_name", "CUDA"), "cuda")
