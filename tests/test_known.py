@@ -255,3 +255,12 @@ def test_known_update_without_a_server_is_one_line(tmp_path, monkeypatch):
     r = CliRunner().invoke(main, ["known", "--update", "--server", "ftp://nowhere"])
     assert r.exit_code == 2 and "not an http(s) URL" in r.stderr and "from --server" in r.stderr
     assert "Invalid" not in r.stderr and "Error" not in r.stderr
+
+
+def test_catalog_ships_in_the_package_data():
+    import tomllib
+
+    from tests.paths import ROOT
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["kvreport"]
+    assert "data/*.json" in cfg and known.SHIPPED.parent.name == "data"
