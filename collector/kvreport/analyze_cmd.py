@@ -111,7 +111,8 @@ def _extra(command_line: str | None, model_path: str | None) -> dict:
 
 
 def _diagnose(fh, command_line: str | None, model_path: str | None = None,
-              explain: bool = False) -> tuple[dict, dict | None]:
+              explain: bool = False) -> tuple[dict, dict | None, object | None]:
+    """The diagnosis, the bundle (None for a raw log) and the log's facts (None for a bundle)."""
     head = fh.read(64 * 1024)
     why = not_a_log(head)
     if why:
@@ -120,7 +121,7 @@ def _diagnose(fh, command_line: str | None, model_path: str | None = None,
         bundle = _as_bundle(head, fh)
         if bundle is not None:
             bundle.update(_extra(command_line, model_path))
-            return analyze(bundle, explain), bundle
+            return analyze(bundle, explain), bundle, None
         fh.seek(0)
         head = fh.read(64 * 1024)
     name = getattr(fh, "name", None)
@@ -129,7 +130,32 @@ def _diagnose(fh, command_line: str | None, model_path: str | None = None,
     else:
         fh.seek(0)
         facts = parse_stream(fh)
-    return diagnose(facts, _extra(command_line, model_path), explain), None
+    extra = _extra(command_line, model_path)
+    return diagnose(facts, extra, explain), None, facts
+
+
+def known_matches(diagnosis: dict, bundle: dict | None, facts=None, log_path: str | None = None,
+                  extra: dict | None = None) -> list[dict]:
+    """Entries of the known-issues catalogs (:mod:`kvreport.known`, offline) that match this diagnosis.
+    ``bundle`` None: a raw log, whose facts and file (for the catalog's whole-log patterns) are given; ``extra``:
+    the parts of a bundle the command line gave (``--command``). A fetched catalog that no longer reads is a
+    note on stderr; a failure of the matching itself never costs the diagnosis."""
+    from kvreport import strict
+    from kvreport.known import known_for
+
+    def lines():
+        with open(log_path, encoding="utf-8", errors="replace") as fh:
+            yield from fh
+
+    try:
+        matches, notes = known_for(diagnosis, bundle if bundle is not None else (extra or {}), facts,
+                                   lines if bundle is None and log_path else None)
+    except Exception as exc:  # noqa: BLE001 - the diagnosis stands without the catalog
+        strict.check()
+        matches, notes = [], [f"known issues not checked: {exc}"]
+    for note in notes:
+        print(f"kvreport: note: {note}", file=sys.stderr)
+    return matches
 
 
 def cli_analyze(path: str, as_json: bool = False, command_line: str | None = None, model_path: str | None = None,
@@ -139,7 +165,9 @@ def cli_analyze(path: str, as_json: bool = False, command_line: str | None = Non
         fh = _open(path)
         fh.display = "standard input" if path == "-" else path
         try:
-            diagnosis, bundle = _diagnose(fh, command_line, model_path, explain)
+            diagnosis, bundle, facts = _diagnose(fh, command_line, model_path, explain)
+            extra = {"command": _parse_command(command_line)} if command_line and bundle is None else None
+            known = known_matches(diagnosis, bundle, facts, fh.name if bundle is None else None, extra)
         except OSError as exc:
             raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
         finally:
@@ -150,9 +178,12 @@ def cli_analyze(path: str, as_json: bool = False, command_line: str | None = Non
         print(f"kvreport: error: {exc}", file=sys.stderr)
         return 2
     if as_json:
-        print(json.dumps(diagnosis, indent=2, ensure_ascii=False))
+        print(json.dumps({**diagnosis, "known": known}, indent=2, ensure_ascii=False))
     else:
+        from kvreport.known import render as render_known
+
         sys.stdout.write(render_text(diagnosis, bundle))
+        sys.stdout.write(render_known(known))
         if explain:
             from kvreport.explain import render
 

@@ -93,6 +93,7 @@ def main() -> None:
     kvreport analyze server.log                           diagnose a log or bundle offline
     kvreport fit --model model.gguf --free-mib 8192         KV bytes per token, largest context that fits
     kvreport upload kvreport-XXXX.json                    send a bundle to the team server
+    kvreport known --update                               fetch the team's known fixes for offline matching
     kvreport serve                                        run the team server (SQLite by default)
     """
 
@@ -198,6 +199,19 @@ def upload(path: str, server: str | None, token: str | None, as_json: bool) -> N
     from kvreport.commands import upload as upload_cmd
 
     sys.exit(upload_cmd.cli_upload(path, server=server, token=token, as_json=as_json))
+
+
+@main.command(context_settings=CONTEXT_SETTINGS)
+@click.option("--update", "update_first", is_flag=True,
+              help="First fetch the team server's known fixes into the user data directory.")
+@click.option("--server", envvar="KVREPORT_SERVER", help="Server URL for --update (else KVREPORT_SERVER, else config file).")
+@click.option("--token", envvar="KVREPORT_TOKEN", help="API token, for a private server (else KVREPORT_TOKEN, else config file).")
+@click.option("--json", "as_json", is_flag=True, help="Print the entries as JSON.")
+def known(update_first: bool, server: str | None, token: str | None, as_json: bool) -> None:
+    """List the known upstream issues that analyze and collect match offline (shipped and fetched)."""
+    from kvreport.commands import known as known_cmd
+
+    sys.exit(known_cmd.cli_known(update_first=update_first, server=server, token=token, as_json=as_json))
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)

@@ -51,6 +51,7 @@ def create_app(config: dict | None = None) -> Flask:
     from kvreport_server.api import bundles as api_bundles
     from kvreport_server.api import clusters as api_clusters
     from kvreport_server.api import init_api
+    from kvreport_server.api import known as api_known
     from kvreport_server.web import bp as web_bp
 
     init_api(app)
@@ -59,7 +60,8 @@ def create_app(config: dict | None = None) -> Flask:
     csrf = CSRFProtect(app)
     csrf.exempt(api_bundles.blp)
     csrf.exempt(api_clusters.blp)
-    _init_limiter(app, cfg, (api_bundles.blp, api_clusters.blp), web_bp)
+    csrf.exempt(api_known.blp)
+    _init_limiter(app, cfg, (api_bundles.blp, api_clusters.blp, api_known.blp), web_bp)
     app.before_request(_access_gate)
     register_error_handlers(app)
     _init_logging(app, bool(cfg.get("LOG_REQUESTS", True)))

@@ -202,3 +202,23 @@ class HealthSchema(Schema):
     status = fields.String(required=True)
     database = fields.String(required=True)
     analyzer_version = fields.String()
+
+
+class KnownEntrySchema(Schema):
+    id = fields.String(required=True, metadata={"description": "cluster-<cluster id>"})
+    title = fields.String(required=True)
+    url = fields.String(allow_none=True, metadata={"description": "the upstream issue the maintainers linked"})
+    cluster_url = fields.String(required=True)
+    status = fields.String()
+    workaround = fields.String(allow_none=True, metadata={"description": "the cluster's known fix (Markdown)"})
+    count = fields.Integer(metadata={"description": "bundles in the cluster"})
+    match = fields.Dict(required=True, metadata={
+        "description": "conditions in the client's catalog format: {signature: 'engine/phase/backend'}"})
+
+
+class KnownCatalogSchema(Schema):
+    schema = fields.String(required=True, metadata={"description": "kvreport-known/1"})
+    description = fields.String()
+    server = fields.String(required=True)
+    generated_at = fields.String(required=True, metadata={"format": "date-time"})
+    entries = fields.List(fields.Nested(KnownEntrySchema), required=True)

@@ -24,15 +24,25 @@ from kvreport.errors import UploadError
 def _print_diagnosis(bundle: dict, show: bool, as_json: bool) -> None:
     """The bundle (``--show``), then the diagnosis as JSON or text; human lines to stderr with ``--json``."""
     diagnosis, problem = diagnose_bundle(bundle)
+    known = _known(diagnosis, bundle) if diagnosis is not None else []
     if show:
         click.echo(json.dumps(bundle, indent=1, ensure_ascii=False), err=as_json)
     if as_json:
-        click.echo(json.dumps(diagnosis if diagnosis is not None else {"error": problem}, indent=1,
-                              ensure_ascii=False))
+        click.echo(json.dumps({**diagnosis, "known": known} if diagnosis is not None else {"error": problem},
+                              indent=1, ensure_ascii=False))
     elif diagnosis is not None:
-        click.echo(render_diagnosis(diagnosis, bundle))
+        from kvreport.known import render
+
+        click.echo(render_diagnosis(diagnosis, bundle) + render(known), nl=False)
     if problem:
         click.echo(f"kvreport: {problem}", err=True)
+
+
+def _known(diagnosis: dict, bundle: dict) -> list[dict]:
+    """The known upstream issues that match (offline catalogs, :mod:`kvreport.known`)."""
+    from kvreport.analyze_cmd import known_matches
+
+    return known_matches(diagnosis, bundle)
 
 
 def _confirmed(bundle: dict, path, server: str | None, yes: bool, interactive: bool | None) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Flask
 from flask_smorest import Api
 
-from kvreport_server.api import bundles, clusters
+from kvreport_server.api import bundles, clusters, known
 from kvreport_server.schemas import ApiErrorSchema
 
 
@@ -32,6 +32,7 @@ def init_api(app: Flask) -> Api:
         api.spec.components.schema("Bundle", schema=BundleSchema)
     api.register_blueprint(bundles.blp)
     api.register_blueprint(clusters.blp)
+    api.register_blueprint(known.blp)
     _state_limits(api.spec.components.schemas)
     return api
 
