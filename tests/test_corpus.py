@@ -1,0 +1,39 @@
+"""The real-report corpus (tests/data/corpus, labelled from the threads): its shape, and floors on the tuning
+set's score so that a rule change that loses facts fails here (scripts/corpus.py prints the same figures)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from tests.paths import CORPUS_DIR, ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import corpus  # noqa: E402
+
+
+def test_every_case_names_its_thread_and_was_labelled_before_the_run():
+    cases = [p for p in CORPUS_DIR.iterdir() if (p / "log.txt").is_file()]
+    assert len(cases) + len([p for p in (ROOT / "tests" / "data" / "cases").iterdir() if p.is_dir()]) >= 250
+    for case in cases:
+        meta = json.loads((case / "case.json").read_text())
+        exp = json.loads((case / "expected.json").read_text())
+        assert meta.get("source") and meta.get("labelled_before_run") is True, case.name
+        assert {"engine", "phase", "top_suggestions_ok", "is_kv_failure"} <= set(exp), case.name
+
+
+def test_the_set_aside_quarter_is_chosen_by_thread():
+    cases = corpus.all_cases()
+    by_thread: dict[str, set[bool]] = {}
+    for c in cases:
+        by_thread.setdefault(corpus.thread_of(c), set()).add(corpus.is_holdout(c))
+    assert all(len(v) == 1 for v in by_thread.values())
+    share = sum(corpus.is_holdout(c) for c in cases) / len([c for c in cases if c.parent == CORPUS_DIR])
+    assert 0.15 < share < 0.35
+
+
+def test_tuning_set_floors():
+    s = corpus.score([c for c in corpus.all_cases() if not corpus.is_holdout(c)])
+    assert s["facts_pct"] >= 88.0, s["per_field"]
+    right, total = s["first_suggestion"]
+    assert right / total >= 0.70
