@@ -215,3 +215,14 @@ def test_a_log_that_ends_on_its_only_pinned_refusal_is_not_called_recovered():
     went_on = ("ggml_cuda_host_malloc: failed to allocate 4096.00 MiB of pinned memory: out of memory\n"
                "llama_kv_cache_init:        CPU KV buffer size =  4096.00 MiB\n")
     assert analyze_text(went_on)["failure"]["phase"] == "none"
+
+
+def test_metal_buffer_size_and_device():
+    f = analyze_text("ggml_metal_add_buffer: error: failed to allocate 'data            ' buffer, size = 19283.21 MiB\n")[
+        "failure"]
+    assert (f["requested_mib"], f["failing_device"], f["phase"]) == (19283.21, "Metal", "model_weights")
+
+
+def test_an_engine_check_with_equal_rounded_figures_exceeds():
+    line = "Error: 500 Internal Server Error: model requires more system memory (5.3 GiB) than is available (5.3 GiB)\n"
+    assert analyze_text(line)["failure"]["verdict"] == "exceeds_free"

@@ -497,8 +497,10 @@ class _Diagnosis:
 
     def _oom_device(self, ev: dict) -> str | None:
         idx = ev.get("device_index")
+        backend = self._oom_backend(ev)
         if idx is None:
-            return None
+            # one device by construction: Metal (Apple silicon has one GPU), host memory for the host's own errors
+            return "Metal" if backend == "metal" else "CPU" if backend == "cpu" and ev.get("memory", True) else None
         prefix = {"rocm": "ROCm", "musa": "MUSA"}.get(ev.get("backend") or "", "CUDA") \
             if ev.get("rule") in ("ggml-cuda-error", "torch-oom", "torch-exceed-allowed", "cuda-malloc-oom") else None
         if ev.get("rule") == "ggml-cuda-error":
@@ -719,7 +721,10 @@ class _Diagnosis:
         elif self.limit or self.mem_limit is not None:
             out["verdict"] = "exceeds_alloc_limit"
         elif req is not None and self.free_at_failure is not None:
-            out["verdict"] = "exceeds_free" if req > self.free_at_failure else "fits_but_failed"
+            # an engine's own memory check refused (memory_budget): its figures are rounded for display ("requires
+            # 5.3 GiB, 5.3 GiB available"), so equal figures are the check failing, not a fit
+            slack = 0.01 * self.free_at_failure if out["phase"] == "memory_budget" else 0.0
+            out["verdict"] = "exceeds_free" if req > self.free_at_failure - slack else "fits_but_failed"
         else:
             out["verdict"] = "unknown"
 

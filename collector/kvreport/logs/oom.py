@@ -112,7 +112,7 @@ _METAL_BUFFERS = (("data", "model_weights"), ("kv", "kv_cache"), ("eval", "compu
 def _metal_buf(m: re.Match) -> dict:
     name = m.group("name").strip().lower()
     phase = next((p for prefix, p in _METAL_BUFFERS if name.startswith(prefix)), None)
-    return {"mib": _mib(m.group(1), m.group(2)), **({"phase_hint": phase} if phase else {})}
+    return {"mib": _mib(m.group("size"), m.group("unit")), **({"phase_hint": phase} if phase else {})}
 
 
 def _summary(m: re.Match) -> dict:
@@ -173,7 +173,7 @@ RULES: tuple[OomRule, ...] = (
     #    mlx/backend/metal/allocator.cpp "[metal::malloc] Attempting to allocate N bytes which is greater than the
     #    maximum allowed buffer size of M bytes." and "[malloc_or_wait] Unable to allocate N bytes."
     OomRule("metal-add-buffer", ("failed to allocate '",),
-            re.compile(r"failed to allocate '(?P<name>[^']*)' buffer, size = ([\d.]+) ?(MB|MiB|GB|GiB)"),
+            re.compile(r"failed to allocate '(?P<name>[^']*)' buffer, size = (?P<size>[\d.]+) ?(?P<unit>MB|MiB|GB|GiB)"),
             "metal", "ggml-metal.m ggml_metal_add_buffer (2023-2024 builds)", read=_metal_buf),
     OomRule("metal-iogpu-oom", ("kIOGPUCommandBufferCallbackErrorOutOfMemory", "Insufficient Memory"),
             re.compile(r"kIOGPUCommandBufferCallbackErrorOutOfMemory|Insufficient Memory \(0+8|"
