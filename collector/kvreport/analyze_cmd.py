@@ -111,7 +111,7 @@ def _extra(command_line: str | None, model_path: str | None) -> dict:
 
 
 def _diagnose(fh, command_line: str | None, model_path: str | None = None,
-              explain: bool = False) -> tuple[dict, dict | None]:
+              explain: bool = False) -> tuple[dict, dict | None, object]:
     head = fh.read(64 * 1024)
     why = not_a_log(head)
     if why:
@@ -120,7 +120,7 @@ def _diagnose(fh, command_line: str | None, model_path: str | None = None,
         bundle = _as_bundle(head, fh)
         if bundle is not None:
             bundle.update(_extra(command_line, model_path))
-            return analyze(bundle, explain), bundle
+            return analyze(bundle, explain), bundle, None
         fh.seek(0)
         head = fh.read(64 * 1024)
     name = getattr(fh, "name", None)
@@ -129,7 +129,7 @@ def _diagnose(fh, command_line: str | None, model_path: str | None = None,
     else:
         fh.seek(0)
         facts = parse_stream(fh)
-    return diagnose(facts, _extra(command_line, model_path), explain), None
+    return diagnose(facts, _extra(command_line, model_path), explain), None, facts
 
 
 def cli_analyze(path: str, as_json: bool = False, command_line: str | None = None, model_path: str | None = None,
@@ -139,7 +139,7 @@ def cli_analyze(path: str, as_json: bool = False, command_line: str | None = Non
         fh = _open(path)
         fh.display = "standard input" if path == "-" else path
         try:
-            diagnosis, bundle = _diagnose(fh, command_line, model_path, explain)
+            diagnosis, bundle, facts = _diagnose(fh, command_line, model_path, explain)
         except OSError as exc:
             raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
         finally:
@@ -152,7 +152,7 @@ def cli_analyze(path: str, as_json: bool = False, command_line: str | None = Non
     if as_json:
         print(json.dumps(diagnosis, indent=2, ensure_ascii=False))
     else:
-        sys.stdout.write(render_text(diagnosis, bundle))
+        sys.stdout.write(render_text(diagnosis, bundle, facts))
         if explain:
             from kvreport.explain import render
 
