@@ -130,11 +130,12 @@ def memory_rows(picture: dict | None, width: int = MEM_BAR_WIDTH) -> list[dict]:
         for p in parts:
             p["text"], p["text_x"] = _label(p, cap_x)
         over = (cap_x, end_x) if cap_x is not None and end_x > cap_x + 0.5 else None
-        over_mib = d.get("short_mib") if d.get("short_mib") is not None else d.get("over_mib")
         req = next((p for p in parts if p["kind"] == "request"), None)
         note, note_x, anchor = "", 0.0, "end"
-        if over and over_mib:
-            note, note_x = f"{fmt_mib(over_mib)} MiB more than the device had", over[1]
+        if over and (d.get("short_mib") or d.get("over_mib")):
+            note = f"{fmt_mib(d['short_mib'])} MiB more than was left" if d.get("short_mib") \
+                else f"{fmt_mib(d['over_mib'])} MiB past the device's size"
+            note_x = over[1]
         if req and not req["text"]:
             what = f"failed: {d['request']['label']} {fmt_mib(d['request']['mib'])} MiB"
             if note:
