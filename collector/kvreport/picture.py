@@ -47,6 +47,9 @@ KINDS = ("in_use", "weights", "kv", "state", "compute", "other", "request", "fre
 KIND_LABEL = {"in_use": "in use before load", "weights": "weights", "kv": "KV cache", "state": "recurrent state",
               "compute": "compute buffers", "other": "other buffers", "request": "failed request", "free": "free",
               "rest": "rest (not known if free)"}
+SHORT_LABEL = {"in_use": "in use", "weights": "weights", "kv": "KV", "state": "state", "compute": "compute",
+               "other": "other", "request": "failed", "free": "free", "rest": "rest"}
+"""A word per kind, for a bar segment too narrow for the whole label."""
 LETTER = {"in_use": "u", "weights": "W", "kv": "K", "state": "S", "compute": "C", "other": "o", "request": "X",
           "free": ".", "rest": "-"}
 """One letter per kind for the text bars (ASCII, so that any terminal and any issue tracker shows them)."""

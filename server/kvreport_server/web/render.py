@@ -90,6 +90,7 @@ _CHAR_PX = 6.6  # width of one character of the 11px labels, for deciding whethe
 def _label(p: dict, cap_x: float | None) -> tuple[str, float]:
     """The longest label of piece ``p`` that fits inside it, and where it starts. A piece that crosses the
     size line is labelled on the wider side of the line, so that no text runs across it."""
+    from kvreport.picture import SHORT_LABEL
     from kvreport.units import fmt_mib
 
     left, right = p["x"], p["x"] + p["w"]
@@ -97,7 +98,7 @@ def _label(p: dict, cap_x: float | None) -> tuple[str, float]:
     if cap_x is not None and left < cap_x < right:
         start, room = (left, cap_x - left) if cap_x - left >= right - cap_x else (cap_x, right - cap_x)
     for text in (f"{p['label']} {fmt_mib(p['mib'])} MiB", f"{p['label'].split(' (')[0]} {fmt_mib(p['mib'])} MiB",
-                 f"{p['label'].split(' ')[0]} {fmt_mib(p['mib'])} MiB",
+                 f"{SHORT_LABEL.get(p['kind'], '')} {fmt_mib(p['mib'])} MiB".strip(),
                  f"{fmt_mib(p['mib'])} MiB", fmt_mib(p["mib"])):
         if len(text) * _CHAR_PX + 8 <= room:
             return text, start + 4
