@@ -182,7 +182,7 @@ def cli_analyze(path: str, as_json: bool = False, command_line: str | None = Non
     else:
         from kvreport.known import render as render_known
 
-        sys.stdout.write(render_text(diagnosis, bundle))
+        sys.stdout.write(render_text(diagnosis, bundle, facts))
         sys.stdout.write(render_known(known))
         if explain:
             from kvreport.explain import render

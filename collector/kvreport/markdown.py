@@ -15,6 +15,7 @@ import re
 import click
 
 from kvreport import linre
+from kvreport.picture import memory_picture, text_bars
 
 FENCE = "```"
 
@@ -231,6 +232,12 @@ def issue_body(bundle: dict, diagnosis: dict, url: str | None = None, max_log_li
         out.append(f"- Final error: {_code(str(failure['final_error']).strip())}")
     for finding in diagnosis.get("findings") or []:
         out.append(f"- {_text(finding.get('text'))}")
+    bars = text_bars(memory_picture(bundle, diagnosis))
+    if bars:
+        out.append("")
+        out.append("### Memory per device")
+        out.append("")
+        out.append(_fenced("\n".join(bars)))
     suggestions = diagnosis.get("suggestions") or []
     if suggestions:
         out.append("")

@@ -94,9 +94,20 @@ def _suggestion_lines(sugg: list[dict], phase: str) -> list[str]:
     return out
 
 
-def render_text(diagnosis: dict, bundle: dict | None = None) -> str:
+def _picture_lines(diagnosis: dict, bundle: dict | None, facts) -> list[str]:
+    """The memory picture as text bars (:mod:`kvreport.picture`), when a bundle or parsed log facts are given."""
+    if bundle is None and facts is None:
+        return []
+    from kvreport.picture import memory_picture, text_bars
+
+    bars = text_bars(memory_picture(bundle, diagnosis, facts), indent="    ")
+    return ["  memory:   " + bars[0].strip()] + bars[1:] if bars else []
+
+
+def render_text(diagnosis: dict, bundle: dict | None = None, facts=None) -> str:
     """A few lines for a terminal: what failed (device, MiB requested vs free), the KV numbers,
-    the largest contexts that fit, findings, then the ranked fixes with their command lines."""
+    the largest contexts that fit, the memory picture per device (text bars, from ``bundle``'s log or
+    the already parsed ``facts`` of a raw log), findings, then the ranked fixes with their command lines."""
     d = diagnosis or {}
     f = d.get("failure") or {}
     sig = d.get("signature") or {}
@@ -105,6 +116,7 @@ def render_text(diagnosis: dict, bundle: dict | None = None) -> str:
            f"  what:     {_PHASE_WORDS.get(phase, phase)}"]
     out += _failure_lines(f, phase)
     out += _memory_lines(d.get("memory") or {})
+    out += _picture_lines(d, bundle, facts)
     out += [f"  note:     {fd.get('text')}" for fd in (d.get("findings") or [])[:6]]
     out += _suggestion_lines(d.get("suggestions") or [], phase)
     return "\n".join(out) + "\n"

@@ -75,6 +75,21 @@ def explain(bundle: dict) -> list[dict]:
         return []
 
 
+def memory_picture(bundle: dict, diagnosis: dict) -> dict | None:
+    """Per device: what it had, what the engine placed there, the request that failed
+    (:func:`kvreport.picture.memory_picture`); None when the analyzer is not installed or fails."""
+    try:
+        from kvreport.picture import memory_picture as _picture
+
+        return _picture(bundle, diagnosis)
+    except Exception:  # noqa: BLE001 - the page shows the diagnosis without the picture
+        log.exception("memory picture failed on bundle %s", bundle.get("id"))
+        from kvreport import strict
+
+        strict.check()
+        return None
+
+
 def signature_of(diagnosis: dict) -> dict:
     sig = diagnosis.get("signature") or {}
     key = str(sig.get("key") or "unknown/unknown/unknown")[:300]

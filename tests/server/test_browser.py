@@ -188,3 +188,41 @@ def test_demo_pages_in_the_browser(app, db):
         server.close()
     assert not problems, problems
     assert overflow <= 0, f"the clusters page is {overflow} px wider than a 420 px screen"
+
+
+def test_bundle_page_draws_the_memory_of_each_device(live, page):
+    """Issue 14, item 4: the bundle page of a real multi-GPU case draws one stacked bar per device; a CPU case
+    draws the failed request past the device's size. Screenshots: artifacts/bundle-memory-*.png."""
+    base, headers, ids = live
+    two_gpus = bundle_from_case("pub-021-koboldcpp-cuda-2gpu-150k-ctx-compute-buffer")
+    r = requests.post(base + "/api/v1/bundles", data=json.dumps(two_gpus), headers=headers, timeout=30)
+    assert r.status_code == 201, r.text
+    page.goto(f"{base}/bundles/{two_gpus['id']}")
+    section = page.locator("#memory")
+    assert section.is_visible()
+    bars = page.locator("figure.mem-device svg.mem-bar")
+    assert bars.count() == 2
+    cuda0, cuda1 = (page.locator(f'figure[data-device="{d}"]') for d in ("CUDA0", "CUDA1"))
+    kv0 = cuda0.locator("rect.seg-kv").bounding_box()
+    req0 = cuda0.locator("rect.seg-request").bounding_box()
+    kv1 = cuda1.locator("rect.seg-kv").bounding_box()
+    assert kv0["width"] > 40 and req0["width"] > 40 and kv1["width"] > 40
+    assert abs(req0["x"] - (kv0["x"] + kv0["width"])) < 2  # the request is stacked right after the KV cache
+    # one scale for both GPUs: 13,501 MiB of KV is wider than 9,979 and narrower than 9,979 + 12,710
+    assert kv0["width"] < kv1["width"] < kv0["width"] + req0["width"]
+    assert "KV cache 9,979 MiB" in cuda0.inner_text() and "failed: compute buffer 12,710 MiB" in cuda0.inner_text()
+    assert page.locator("#memory table.visually-hidden tr").count() == 3
+    section.screenshot(path=str(ARTIFACTS / "bundle-memory-pub-021.png"))
+
+    cpu_case = next(b for c, b, _cid in ids if c == "loc-17-fail-huge-ctx-verbose")
+    page.goto(f"{base}/bundles/{cpu_case}")
+    fig = page.locator('figure[data-device="CPU"]')
+    cap = fig.locator("line.cap").bounding_box()
+    req = fig.locator("rect.seg-request").bounding_box()
+    over = fig.locator("rect.over-zone").bounding_box()
+    assert req["x"] < cap["x"] < req["x"] + req["width"]  # the request runs past the size line
+    assert abs(over["x"] - (cap["x"] + cap["width"] / 2)) < 2 and over["width"] > 100
+    assert "41,465 MiB more than was left" in fig.inner_text()
+    section = page.locator("#memory")
+    section.screenshot(path=str(ARTIFACTS / "bundle-memory-loc-17.png"))
+    page.screenshot(path=str(ARTIFACTS / "bundle-memory-page.png"), full_page=True)

@@ -80,3 +80,78 @@ def new_issue_url(repo: str | None, title: str, body: str) -> str | None:
         body = body[: int(len(body) * 0.8)] + note
         url = base + quote(body)
     return url
+
+
+MEM_BAR_WIDTH = 640
+"""Pixels a full-scale memory bar spans (the SVG's viewBox scales it to the page)."""
+_CHAR_PX = 6.6  # width of one character of the 11px labels, for deciding whether a label fits its segment
+
+
+def _label(p: dict, cap_x: float | None) -> tuple[str, float]:
+    """The longest label of piece ``p`` that fits inside it, and where it starts. A piece that crosses the
+    size line is labelled on the wider side of the line, so that no text runs across it."""
+    from kvreport.picture import SHORT_LABEL
+    from kvreport.units import fmt_mib
+
+    left, right = p["x"], p["x"] + p["w"]
+    start, room = left, right - left
+    if cap_x is not None and left < cap_x < right:
+        start, room = (left, cap_x - left) if cap_x - left >= right - cap_x else (cap_x, right - cap_x)
+    for text in (f"{p['label']} {fmt_mib(p['mib'])} MiB", f"{p['label'].split(' (')[0]} {fmt_mib(p['mib'])} MiB",
+                 f"{SHORT_LABEL.get(p['kind'], '')} {fmt_mib(p['mib'])} MiB".strip(),
+                 f"{fmt_mib(p['mib'])} MiB", fmt_mib(p["mib"])):
+        if len(text) * _CHAR_PX + 8 <= room:
+            return text, start + 4
+    return "", start
+
+
+def memory_rows(picture: dict | None, width: int = MEM_BAR_WIDTH) -> list[dict]:
+    """The bundle page's memory bars: per device of a :func:`kvreport.picture.memory_picture`, the pieces
+    with ``x`` / ``w`` in pixels and the label that fits inside each (``text`` / ``text_x``), the capacity line
+    ``cap_x``, the part past the capacity ``over`` = (x0, x1), the words under the bar (``note``: by how much
+    the stack went past the device, or the failed request when it is too thin to label) and the bar's text
+    equivalent. Only numbers and the picture's own words go into the SVG; the template escapes them."""
+    from kvreport.picture import scale_of, scaled, summary
+    from kvreport.units import fmt_mib
+
+    rows = []
+    for d in (picture or {}).get("devices") or []:
+        parts = []
+        x = 0.0
+        span = scale_of(d)
+        for p in scaled(d, width, min_width=3.0):
+            w = max(p["w"], 8.0) if p["kind"] == "request" else p["w"]  # the failed request is always visible
+            parts.append({**p, "x": x, "w": w})
+            x += w
+        cap = d.get("capacity_mib")
+        cap_x = cap / span * width if cap is not None and span > 0 else None
+        if cap_x is not None and parts and parts[-1]["kind"] == "free":
+            cap_x = parts[-1]["x"] + parts[-1]["w"]  # the free piece ends at the size line, whatever the rounding
+        end_x = parts[-1]["x"] + parts[-1]["w"] if parts else 0.0
+        for p in parts:
+            p["text"], p["text_x"] = _label(p, cap_x)
+        over = (cap_x, end_x) if cap_x is not None and end_x > cap_x + 0.5 else None
+        req = next((p for p in parts if p["kind"] == "request"), None)
+        note, note_x, anchor = "", 0.0, "end"
+        if over and (d.get("short_mib") or d.get("over_mib")):
+            note = f"{fmt_mib(d['short_mib'])} MiB more than was left" if d.get("short_mib") \
+                else f"{fmt_mib(d['over_mib'])} MiB past the device's size"
+            note_x = over[1]
+        if req and not req["text"]:
+            what = f"failed: {d['request']['label']} {fmt_mib(d['request']['mib'])} MiB"
+            if note:
+                note = f"{what}; {note}"
+            else:  # under the thin request, reading rightwards from it
+                note, note_x, anchor = what, req["x"], "start"
+        top = 0 if cap_x is not None else 12  # no size label above the bar: no room kept for it
+        rows.append({"device": d, "parts": parts, "cap_x": cap_x, "over": over, "note": note,
+                     "top": top, "height": (60 if note else 46) - top,
+                     "note_x": min(max(note_x, len(note) * _CHAR_PX), max(float(width), end_x)) if anchor == "end"
+                     else min(note_x, max(0.0, float(width) - len(note) * _CHAR_PX)), "note_anchor": anchor,
+                     "view_w": max(float(width), end_x) + 2, "summary": summary(d, unit=" MiB")})
+    return rows
+
+
+def memory_section(picture: dict | None) -> dict:
+    """What the bundle page's memory section draws: ``rows`` (:func:`memory_rows`) and the picture's ``notes``."""
+    return {"rows": memory_rows(picture), "notes": list((picture or {}).get("notes") or [])}

@@ -32,7 +32,7 @@ from kvreport_server.schemas import ClusterQuerySchema
 from kvreport_server.service import update_cluster
 from kvreport_server.urls import bundle_url
 from kvreport_server.web.forms import ClusterForm, LoginForm
-from kvreport_server.web.render import fold_log, markdown_html, new_issue_url, sparkline_svg
+from kvreport_server.web.render import fold_log, markdown_html, memory_section, new_issue_url, sparkline_svg
 
 bp = Blueprint("web", __name__)
 
@@ -131,6 +131,7 @@ def bundle(name: str):
     c = get_session().get(Cluster, row.cluster_id)
     return render_template("bundle.html", b=row, data=row.data, diag=diag, failure=failure, cluster=c,
                            devices=analysis.all_devices(row.data), explain=analysis.explain(row.data),
+                           memory=memory_section(analysis.memory_picture(row.data, diag)),
                            blocks=fold_log((row.data.get("log") or {}).get("lines"), marks), issue_md=md,
                            issue_url=new_issue_url(current_app.config.get("ISSUE_REPO"), title, md), url=url)
 
