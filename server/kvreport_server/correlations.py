@@ -148,7 +148,7 @@ def correlations(session: Session, cluster_id: int, cluster_count: int, *, min_s
     rest_total = total - cluster_count
     items = []
     for kind, value, n_cluster, n_all in rows:
-        if (kind, value) in skip:
+        if (kind, value) in skip or value == "unknown":
             continue
         share = n_cluster / cluster_count
         overall = n_all / total

@@ -27,7 +27,7 @@ from kvreport_server.db import get_db, get_session
 from kvreport_server.errors import ApiError
 from kvreport_server.limits import ascii_int
 from kvreport_server.models import CLUSTER_STATUSES, Bundle, Cluster
-from kvreport_server.queries import cluster_detail, filter_choices, list_clusters
+from kvreport_server.queries import cluster_detail, filter_choices, iso, list_clusters
 from kvreport_server.schemas import ClusterDetailSchema, ClusterListSchema, ClusterQuerySchema
 from kvreport_server.service import update_cluster
 from kvreport_server.store import merge_clusters, unmerge_cluster
@@ -181,6 +181,19 @@ def _bundle_or_404(bundle_id: str) -> Bundle:
     return row
 
 
+def _demo_note(data: dict) -> str | None:
+    """What is real and what is invented in a demo bundle (``kvreport serve --demo``); None otherwise."""
+    collector = data.get("collector")
+    if not isinstance(collector, dict):
+        return None
+    note, case = collector.get("demo"), collector.get("example_of")
+    if isinstance(note, str) and note.strip():
+        return note.strip()[:500]
+    if note or case:
+        return f"the real case {case} as kvreport ships it (log and facts unchanged)" if case else "a demo bundle"
+    return None
+
+
 @bp.get("/bundles/<string:name>")
 def bundle(name: str):
     bundle_id, _, ext = name.partition(".")
@@ -200,7 +213,9 @@ def bundle(name: str):
     md = analysis.issue_markdown(row.data, diag, url)
     title = analysis.issue_title(row.data, diag)
     c = get_session().get(Cluster, row.cluster_id)
+    demo = _demo_note(row.data)
     return render_template("bundle.html", b=row, data=row.data, diag=diag, failure=failure, cluster=c,
+                           page_title=title, received_at=iso(row.received_at), demo=demo,
                            devices=analysis.all_devices(row.data), explain=analysis.explain(row.data),
                            blocks=fold_log((row.data.get("log") or {}).get("lines"), marks), issue_md=md,
                            issue_url=new_issue_url(current_app.config.get("ISSUE_REPO"), title, md), url=url)

@@ -100,3 +100,12 @@ def share(x) -> str:
 def cache_type(t) -> str:
     """A key of ``max_ctx_fit`` (``f16``, ``q8_0``) as a reader says it."""
     return f"{t} KV cache"
+
+
+def label(kind: str, value) -> str:
+    """Plain text (no markup: a menu option) for a filter value: ``exceeds_free`` -> its title."""
+    table = {"verdict": "VERDICT_TITLE", "phase": "PHASE_TITLE", "backend": "BACKEND_TITLE",
+             "engine": "ENGINE_TITLE"}.get(kind)
+    if table and vocab is not None:
+        return getattr(vocab, table, {}).get(str(value), str(value))
+    return str(value)
