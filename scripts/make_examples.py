@@ -7,12 +7,19 @@ engine binary): it was not part of the public report the log comes from. ``colle
 names the case. Run from the repository root::
 
     python scripts/make_examples.py [--shared ../shared]
+    python scripts/make_examples.py --history-only --shared tests/data   # only history/demo_history.json
+
+``history/demo_history.json`` holds, per example, the facts of its public report that a log does not
+carry (the upstream issue, the engine build the reporter named, the fix that worked and who said
+so), read from each case's ``case.json``. ``kvreport serve --demo`` builds its marked demo history
+from them (``kvreport_server/demo.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -38,13 +45,51 @@ CASES = [
 ]
 
 
+_SOURCE = re.compile(r"^([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)#(\d+)")
+_BUILD = re.compile(r"^b?(\d{3,6})\b")
+
+
+def history_entry(name: str, facts: dict) -> dict:
+    """The report facts of one case for the demo history (nothing invented here)."""
+    source = str(facts.get("source") or "")
+    m = _SOURCE.match(source)
+    version = str(facts.get("engine_version") or "")
+    b = _BUILD.match(version) if facts.get("engine") in ("llama.cpp",) and not name.startswith("loc-") else None
+    fix = facts.get("fix_that_worked")
+    return {
+        "example": f"{name[:40]}.json", "case": name, "source": source or None,
+        "source_url": f"https://github.com/{m.group(1)}/issues/{m.group(2)}" if m else None,
+        "engine_version": version or None, "build_number": int(b.group(1)) if b else None,
+        "fix_that_worked": fix if fix and fix_is_confirmed(facts) else None,
+        "fix_source": facts.get("fix_source"), "devices": facts.get("devices") or [],
+    }
+
+
+def fix_is_confirmed(facts: dict) -> bool:
+    return str(facts.get("fix_source") or "") in ("maintainer said", "reporter confirmed", "confirmed")
+
+
+def write_history(cases: Path, out: Path) -> None:
+    entries = []
+    for name in CASES:
+        path = cases / name / "case.json"
+        facts = json.loads(path.read_text()) if path.is_file() else {}
+        entries.append(history_entry(name, facts))
+    (out / "history").mkdir(parents=True, exist_ok=True)
+    (out / "history" / "demo_history.json").write_text(json.dumps(entries, indent=1, ensure_ascii=False) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     root = Path(__file__).resolve().parents[1]
     ap.add_argument("--shared", type=Path, default=root.parent / "shared")
     ap.add_argument("--out", type=Path, default=root / "collector" / "kvreport" / "examples")
+    ap.add_argument("--history-only", action="store_true", help="write history/demo_history.json only")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    write_history(args.shared / "cases", args.out)
+    if args.history_only:
+        return 0
     for old in args.out.glob("*.json"):
         old.unlink()
     for name in CASES:

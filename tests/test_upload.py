@@ -151,3 +151,33 @@ def test_no_server_configured(server_factory, tmp_path):
     path.write_text(json.dumps(minimal_bundle()))
     result = CliRunner().invoke(main, ["upload", str(path)])
     assert result.exit_code == 2 and "no server configured" in result.stderr
+
+
+def test_errors_say_what_and_where_the_server_url_comes_from(tmp_path, monkeypatch):
+    """No Python class names; the message says which setting gave the URL; the retry hint keeps
+    the options that were given (the token as a placeholder, never its value)."""
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(minimal_bundle("x")))
+    monkeypatch.delenv("KVREPORT_SERVER", raising=False)
+    monkeypatch.delenv("KVREPORT_TOKEN", raising=False)
+    result = CliRunner().invoke(main, ["upload", str(path), "--server", "ftp://example.invalid", "--token", "s3cret",
+                                       "--json"])
+    assert result.exit_code == 2
+    err = result.stderr
+    assert "InvalidSchema" not in err and "Traceback" not in err
+    assert "must start with http:// or https://" in err and "the --server option" in err
+    assert f"kvreport upload {path} --server ftp://example.invalid --token <token> --json" in err
+    assert "s3cret" not in err
+
+    monkeypatch.setenv("KVREPORT_SERVER", "http://127.0.0.1:9")
+    result = CliRunner().invoke(main, ["upload", str(path), "--token", "t"])
+    err = result.stderr
+    assert result.exit_code == 2 and "ConnectionError" not in err
+    assert "could not reach http://127.0.0.1:9: nothing answered" in err
+    assert "KVREPORT_SERVER environment variable" in err
+    assert "--server" not in err.split("retry with:")[1]
+
+    monkeypatch.delenv("KVREPORT_SERVER")
+    result = CliRunner().invoke(main, ["upload", str(path)])
+    assert "no server configured" in result.stderr and "KVREPORT_SERVER" in result.stderr
+    assert "--server URL" in result.stderr and "config.ini" in result.stderr

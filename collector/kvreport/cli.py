@@ -229,7 +229,8 @@ def issue(path: str, url: str | None) -> None:
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--database-url", envvar="KVREPORT_DATABASE_URL",
               help="SQLAlchemy URL (default: SQLite in the user data directory).")
-@click.option("--demo", is_flag=True, help="Store the bundled example bundles at start (a browsable demo).")
+@click.option("--demo", is_flag=True, help="Serve a browsable demo: the bundled examples and a marked demo history, "
+              "in a separate database (demo.sqlite3 in the user data directory) unless --database-url is given.")
 def serve(host: str, port: int, database_url: str | None, demo: bool) -> None:
     """Run the kvreport server on this machine (migrations are applied on start)."""
     cli_entry = _server_cli()
@@ -247,7 +248,7 @@ def _server_cli():
 
 @main.group(cls=_Group, context_settings=CONTEXT_SETTINGS)
 def admin() -> None:
-    """Server administration: API tokens, maintainers' accounts, re-analysis."""
+    """Server administration: API tokens, maintainers' accounts, re-analysis, demo removal."""
 
 
 @admin.command("create-token", context_settings=CONTEXT_SETTINGS)
@@ -288,6 +289,14 @@ def reanalyze(batch_size: int, max_batches: int | None, database_url: str | None
     """Re-run the analyzer over stored bundles of an older analyzer version (resumable)."""
     cli_entry = _server_cli()
     sys.exit(cli_entry.reanalyze(database_url=database_url, batch_size=batch_size, max_batches=max_batches))
+
+
+@admin.command("remove-demo", context_settings=CONTEXT_SETTINGS)
+@click.option("--database-url", envvar="KVREPORT_DATABASE_URL", help="The server's database URL.")
+def remove_demo(database_url: str | None) -> None:
+    """Remove the demo bundles (`kvreport serve --demo`) and the clusters only they made."""
+    cli_entry = _server_cli()
+    sys.exit(cli_entry.remove_demo(database_url=database_url))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -67,6 +67,22 @@ def resolve_server(server: str | None = None, token: str | None = None) -> tuple
     return (server.rstrip("/") if server else None), token
 
 
+def server_origin(flag_server: str | None) -> str:
+    """Where the server URL in use comes from, for error messages: the --server option, the
+    KVREPORT_SERVER variable, or the config file (its path)."""
+    env = os.environ.get("KVREPORT_SERVER")
+    if flag_server and flag_server != env:
+        return "the --server option"
+    if flag_server or env:
+        return "the KVREPORT_SERVER environment variable"
+    return f"the config file {config_dir() / 'config.ini'}"
+
+
+def where_to_set_server() -> str:
+    return (f"pass --server URL, set KVREPORT_SERVER, or write url = URL under [server] in "
+            f"{config_dir() / 'config.ini'}")
+
+
 def _uploads_path() -> Path:
     return data_dir() / "uploads.json"
 

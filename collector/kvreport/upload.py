@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from kvreport.bundle import BundleError, validate_bundle
-from kvreport.config import resolve_server
+from kvreport.config import resolve_server, server_origin, where_to_set_server
 from kvreport.errors import InputError, UploadError
 
 RETRY_TOTAL = 4
@@ -56,11 +56,13 @@ def upload_bundle(bundle: dict, server: str | None, token: str | None) -> dict:
     """
     import requests
 
+    origin = server_origin(server)
     server, token = resolve_server(server, token)
     if not server:
-        raise UploadError("no server configured", hint="pass --server URL or set KVREPORT_SERVER")
+        raise UploadError("no server configured", hint=where_to_set_server())
     if not token:
-        raise UploadError("no API token configured", hint="pass --token T or set KVREPORT_TOKEN")
+        raise UploadError("no API token configured",
+                          hint="pass --token T, set KVREPORT_TOKEN, or write token = T under [server] in the config file")
     body = gzip.compress(json.dumps(bundle, ensure_ascii=False).encode("utf-8"))
     headers = {
         "Authorization": f"Bearer {token}",
@@ -72,7 +74,7 @@ def upload_bundle(bundle: dict, server: str | None, token: str | None) -> dict:
     try:
         resp = _session().post(url, data=body, headers=headers, timeout=TIMEOUT)
     except requests.RequestException as exc:
-        raise UploadError(f"could not reach {server}: {type(exc).__name__}") from None
+        raise UploadError(f"{request_problem(exc, server)} (the server URL comes from {origin})") from None
     try:
         answer = resp.json()
     except ValueError:
@@ -85,6 +87,30 @@ def upload_bundle(bundle: dict, server: str | None, token: str | None) -> dict:
         message = answer["error"].get("message")
     message = message or (resp.text or "").strip()[:200] or resp.reason
     raise UploadError(f"the server refused the bundle (HTTP {resp.status_code}): {message}")
+
+
+def request_problem(exc: Exception, server: str) -> str:
+    """What went wrong with a request, in words (never a Python class name)."""
+    import requests
+
+    if isinstance(exc, requests.exceptions.InvalidSchema | requests.exceptions.MissingSchema):
+        return f"{server!r} is not a server URL: it must start with http:// or https://"
+    if isinstance(exc, requests.exceptions.InvalidURL | requests.exceptions.URLRequired):
+        return f"{server!r} is not a valid server URL"
+    if isinstance(exc, requests.exceptions.SSLError):
+        return f"could not reach {server}: the TLS (https) handshake failed (certificate or protocol)"
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return f"could not reach {server}: the connection timed out after {TIMEOUT[0]:.0f} s (wrong address or a firewall?)"
+    if isinstance(exc, requests.exceptions.ProxyError):
+        return f"could not reach {server}: the proxy refused the connection (check HTTPS_PROXY / HTTP_PROXY)"
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        return (f"could not reach {server}: nothing answered after {RETRY_TOTAL + 1} tries "
+                "(is the server running, and are the host name and port right?)")
+    if isinstance(exc, requests.exceptions.Timeout):
+        return f"could not reach {server}: no answer within {TIMEOUT[1]:.0f} s"
+    if isinstance(exc, requests.exceptions.TooManyRedirects):
+        return f"could not reach {server}: too many redirects"
+    return f"could not reach {server}: the request failed"
 
 
 def read_bundle_file(path: str) -> dict:

@@ -16,7 +16,9 @@ import re
 
 log = logging.getLogger("kvreport_server")
 
-FACET_KINDS = ("engine_version", "gpu", "model", "backend", "verdict", "n_ctx", "suggestion", "machine", "error")
+LEGACY_FACET_KINDS = ("engine_version", "gpu", "model", "backend", "verdict", "n_ctx", "suggestion", "machine", "error")
+"""The kinds counted before migration 0004 (bundles stored then have no ``facet_keys``)."""
+FACET_KINDS = LEGACY_FACET_KINDS + ("driver", "os", "model_family", "cache_type", "flag")
 MAX_FACET_CHARS = 200
 
 
@@ -276,7 +278,8 @@ def facets(bundle: dict, diagnosis: dict) -> set[tuple[str, str]]:
     version = engine.get("version")
     build = facts["build_number"]
     add("engine_version", f"b{build}" if build is not None else version)
-    for d in all_devices(bundle):
+    devices = all_devices(bundle)
+    for d in devices:
         if is_gpu(d):
             add("gpu", d.get("name"))
     add("model", facts["model_name"])
@@ -289,4 +292,8 @@ def facets(bundle: dict, diagnosis: dict) -> set[tuple[str, str]]:
     add("machine", facts["machine"])
     failure = diagnosis.get("failure") or {}
     add("error", failure.get("allocator_error") or failure.get("final_error"))
+    from kvreport_server.correlations import extra_facets
+
+    for kind, value in extra_facets(bundle, diagnosis, devices, is_gpu):
+        add(kind, value)
     return out

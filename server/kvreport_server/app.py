@@ -98,6 +98,8 @@ WRITE_SCOPES = {
     ("bundles.Bundles", "POST"): "upload",
     ("bundles.BundleItem", "DELETE"): "admin",
     ("clusters.ClusterItem", "PATCH"): "write",
+    ("clusters.ClusterMerge", "POST"): "write",
+    ("clusters.ClusterUnmerge", "POST"): "write",
 }
 OPEN_ENDPOINTS = ("web.login", "web.logout", "web.healthz", "static")
 

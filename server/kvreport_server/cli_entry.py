@@ -123,8 +123,37 @@ def _local_secret_key() -> str | None:
         return None
 
 
+def demo_database_url() -> str:
+    """The demo's own SQLite file (``demo.sqlite3`` in the user data directory), never the default
+    database of real uploads."""
+    from platformdirs import user_data_dir
+
+    folder = Path(user_data_dir("kvreport", appauthor=False))
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'demo.sqlite3'}"
+
+
+def load_demo(db) -> str:
+    """Store the examples and their marked demo history; a one-line summary."""
+    from kvreport_server import demo as demo_data
+
+    added = demo_data.load_demo(db, examples_dir())
+    stored, skipped = load_examples(db)  # any example without a history entry
+    return (f"{added['examples'] + stored} example bundle(s) and {added['history']} demo history bundle(s) stored"
+            + (f", {skipped} skipped" if skipped else "") + f" from {examples_dir()}")
+
+
 def serve(host: str, port: int, database_url: str | None, demo: bool = False, threads: int = 8) -> int:
-    """Apply the migrations, then serve the app with waitress on ``host:port`` until interrupted."""
+    """Apply the migrations, then serve the app with waitress on ``host:port`` until interrupted.
+
+    With ``demo`` and no database URL the demo gets its own SQLite file (``demo_database_url``): the
+    demo never mixes with real uploads. With a URL the demo goes there, and
+    ``kvreport admin remove-demo`` takes it out again."""
+    if demo and not database_url:
+        try:
+            database_url = demo_database_url()
+        except OSError as exc:
+            return _err(f"cannot create the demo database: {exc.strerror or exc}")
     try:
         url = _migrated(database_url)
     except RuntimeError as exc:
@@ -139,9 +168,9 @@ def serve(host: str, port: int, database_url: str | None, demo: bool = False, th
     except ValueError as exc:
         return _err(str(exc))
     if demo:
-        stored, skipped = load_examples(app.extensions["kvreport_db"])
-        _note(f"kvreport: demo: {stored} example bundle(s) stored"
-              + (f", {skipped} skipped" if skipped else "") + f" from {examples_dir()}")
+        _note(f"kvreport: demo: {load_demo(app.extensions['kvreport_db'])}")
+        _note(f"kvreport: demo: database {_safe_url(url)}; remove the demo bundles with: "
+              f"kvreport admin remove-demo --database-url {_safe_url(url)}")
     from kvreport_server.waitress_server import create_server
 
     try:
@@ -254,4 +283,21 @@ def reanalyze(database_url: str | None, batch_size: int = 200, max_batches: int 
         db.dispose()
     _note(f"kvreport: reanalyze: analyzer {analysis.analyzer_version()}: {stats['seen']} bundles re-analyzed, "
           f"{stats['moved']} moved to another cluster, {stats['remaining']} remaining")
+    return 0
+
+
+def remove_demo(database_url: str | None) -> int:
+    """Remove the demo bundles (shipped examples and demo history) and the clusters only they made."""
+    from kvreport_server import store
+
+    try:
+        db = _session_for(database_url)
+    except RuntimeError as exc:
+        return _err(str(exc))
+    try:
+        stats = store.remove_demo(db)
+    finally:
+        db.dispose()
+    _note(f"kvreport: remove-demo: {stats['bundles']} demo bundle(s) and {stats['clusters']} cluster(s) removed "
+          f"from {_safe_url(db.url)}")
     return 0

@@ -6,6 +6,11 @@
   upload transaction (``store.py``), so the cluster list never scans bundles.
 * ``ClusterFacet``: per-cluster counts of a fact (engine version, GPU, model, n_ctx, suggestion...).
 * ``ClusterDay``: per-cluster bundle count per UTC day (sparklines, trend).
+* ``FacetTotal``: per-facet-value counts over all bundles (the "overall" side of correlations),
+  kept in the same transaction as ``ClusterFacet``.
+* Merges: ``Cluster.merged_into`` points a merged cluster at the one that absorbed it; each bundle
+  keeps ``home_cluster_id``, the cluster of its own signature, so that an unmerge knows which
+  bundles go back. ``Bundle.facet_keys`` is what the bundle added to the facet counters.
 * ``ApiToken`` / ``User``: access (tokens stored as SHA-256 digests; passwords with a KDF).
 """
 
@@ -67,6 +72,8 @@ class Cluster(Base):
     known_fix: Mapped[str | None] = mapped_column(Text)
     issue_url: Mapped[str | None] = mapped_column(String(500))
     updated_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    merged_into: Mapped[int | None] = mapped_column(ForeignKey("clusters.id", name="fk_clusters_merged_into"))
+    merged_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Bundle(Base):
@@ -98,6 +105,10 @@ class Bundle(Base):
     suggestion_ids: Mapped[list | None] = mapped_column(JSONType)
     flagged_secrets: Mapped[list | None] = mapped_column(JSONType)  # ["path (kind)"], values never stored here
     token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"))
+    # the cluster of the bundle's own signature (differs from cluster_id while that one is merged)
+    home_cluster_id: Mapped[int | None] = mapped_column(
+        ForeignKey("clusters.id", name="fk_bundles_home_cluster"), index=True)
+    facet_keys: Mapped[list | None] = mapped_column(JSONType)  # [[kind, value], ...] as counted
 
 
 class ClusterFacet(Base):
@@ -115,6 +126,14 @@ class ClusterDay(Base):
 
     cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"), primary_key=True)
     day: Mapped[dt.date] = mapped_column(Date, primary_key=True)
+    count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+
+
+class FacetTotal(Base):
+    __tablename__ = "facet_totals"
+
+    kind: Mapped[str] = mapped_column(String(20), primary_key=True)
+    value: Mapped[str] = mapped_column(String(200), primary_key=True)
     count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
 
 

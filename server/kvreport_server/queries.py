@@ -11,6 +11,7 @@ import datetime as dt
 from sqlalchemy import and_, case, exists, func, or_, select
 from sqlalchemy.orm import Session
 
+from kvreport_server.correlations import correlations
 from kvreport_server.limits import ascii_int
 from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet
 from kvreport_server.store import as_utc
@@ -35,11 +36,20 @@ def _today() -> dt.date:
     return dt.datetime.now(dt.timezone.utc).date()
 
 
+def _exact_facet(text: str):
+    """``kind:value`` (a facet link of the cluster page): clusters that hold that exact value."""
+    kind, _, value = text.partition(":")
+    f = ClusterFacet
+    return exists().where(f.cluster_id == Cluster.id, f.kind == kind.strip(), f.value == value.strip())
+
+
 def list_clusters(session: Session, *, engine=None, backend=None, phase=None, verdict=None, version=None,
-                  gpu=None, status=None, q=None, sort="count", page=1, per_page=50,
+                  gpu=None, status=None, q=None, facet=None, sort="count", page=1, per_page=50,
                   include_empty=False) -> tuple[list[dict], int]:
     """A page of clusters as dicts (``cluster_dict`` plus ``sparkline``, ``facets`` top values, ``trend``)."""
     conds = []
+    if facet:
+        conds.append(_exact_facet(facet))
     if not include_empty:
         conds.append(Cluster.count > 0)
     for col, val in ((Cluster.engine, engine), (Cluster.backend, backend), (Cluster.phase, phase),
@@ -150,7 +160,7 @@ def cluster_dict(c: Cluster) -> dict:
         "engine": c.engine, "phase": c.phase, "backend": c.backend, "verdict": c.verdict,
         "count": c.count, "machines": c.machines, "first_seen": iso(c.first_seen), "last_seen": iso(c.last_seen),
         "min_build": c.min_build, "max_build": c.max_build, "first_version": c.first_version,
-        "status": c.status, "known_fix": c.known_fix, "issue_url": c.issue_url,
+        "status": c.status, "known_fix": c.known_fix, "issue_url": c.issue_url, "merged_into": c.merged_into,
     }
 
 
@@ -203,6 +213,14 @@ def cluster_detail(session: Session, cluster_id: int, newest: int = 20) -> dict 
         out["facets"]["n_ctx"].sort(key=lambda x: ascii_int(x["value"], 30) or 0)
     out["sparkline"] = sparklines(session, [c.id]).get(c.id, [0] * SPARK_DAYS)
     out["regression"] = regression(session, c)
+    skip = {(k, v) for k, v in (("backend", c.backend), ("verdict", None)) if v}
+    out["correlations"] = correlations(session, c.id, c.count, skip=skip)
+    out["merged_from"] = [{"id": m.id, "title": m.title, "key": m.key, "merged_at": iso(m.merged_at)}
+                          for m in session.execute(select(Cluster).where(Cluster.merged_into == c.id)
+                                                   .order_by(Cluster.id)).scalars()]
+    if c.merged_into is not None:
+        target = session.get(Cluster, c.merged_into)
+        out["merged_into_title"] = target.title if target is not None else None
     rows = session.execute(select(Bundle).where(Bundle.cluster_id == c.id)
                            .order_by(Bundle.received_at.desc(), Bundle.id.desc()).limit(newest)).scalars().all()
     out["bundles"] = [bundle_summary(b) for b in rows]

@@ -106,6 +106,7 @@ class ClusterSchema(Schema):
     backends = fields.List(fields.String())
     gpus = fields.List(fields.String())
     engine_versions = fields.List(fields.String())
+    merged_into = fields.Integer(allow_none=True)
 
 
 class ClusterListSchema(Schema):
@@ -147,10 +148,59 @@ class RegressionSchema(Schema):
     bundles = fields.Integer()
 
 
+class CorrelationItemSchema(Schema):
+    kind = fields.String(required=True)
+    kind_title = fields.String()
+    value = fields.String(required=True)
+    cluster_count = fields.Integer(required=True, metadata={"description": "bundles of the cluster with the value"})
+    cluster_share = fields.Float(required=True, metadata={"description": "cluster_count / bundles of the cluster"})
+    overall_count = fields.Integer(required=True, metadata={"description": "bundles on the server with the value"})
+    overall_share = fields.Float(required=True, metadata={"description": "overall_count / all bundles"})
+    rest_share = fields.Float(metadata={"description": "share among the bundles outside the cluster"})
+    ratio = fields.Float(allow_none=True, metadata={"description": "cluster_share / rest_share (null: only here)"})
+    url = fields.String(metadata={"description": "the clusters list filtered on this value"})
+
+
+class CorrelationsSchema(Schema):
+    total_bundles = fields.Integer(required=True)
+    cluster_bundles = fields.Integer(required=True)
+    min_support = fields.Integer(required=True)
+    min_share = fields.Float()
+    min_ratio = fields.Float()
+    items = fields.List(fields.Nested(CorrelationItemSchema), required=True)
+
+
+class MergedClusterSchema(Schema):
+    id = fields.Integer(required=True)
+    title = fields.String()
+    key = fields.String()
+    merged_at = fields.String(allow_none=True)
+
+
 class ClusterDetailSchema(ClusterSchema):
     facets = fields.Dict(keys=fields.String(), values=fields.List(fields.Nested(FacetValueSchema)))
     regression = fields.Nested(RegressionSchema)
     bundles = fields.List(fields.Nested(BundleSummarySchema))
+    correlations = fields.Nested(CorrelationsSchema)
+    merged_from = fields.List(fields.Nested(MergedClusterSchema))
+    merged_into_title = fields.String(allow_none=True)
+
+
+class MergeRequestSchema(Schema):
+    class Meta:
+        unknown = "raise"
+
+    into = fields.Integer(required=True, strict=True, validate=validate.Range(min=1, max=2**31 - 1),
+                          metadata={"description": "the cluster that absorbs this one"})
+
+
+class MergeResultSchema(Schema):
+    merged = fields.Integer()
+    unmerged = fields.Integer()
+    into = fields.Integer()
+    from_ = fields.Integer(data_key="from", attribute="from")
+    moved = fields.Integer(required=True)
+    cluster = fields.Nested(ClusterDetailSchema, required=True)
 
 
 class BundleResponseSchema(Schema):
@@ -175,6 +225,8 @@ class ClusterQuerySchema(Schema):
     gpu = SafeString(validate=validate.Length(max=200))
     status = SafeString(validate=validate.OneOf(CLUSTER_STATUSES))
     q = SafeString(validate=validate.Length(max=200))
+    facet = SafeString(validate=[validate.Length(max=230), validate.Regexp(r"^[a-z_]{1,20}:.+$",
+                                 error="must be kind:value, e.g. driver:cuda 550.54")])
     sort = SafeString(load_default="count", validate=validate.OneOf(SORTS))
     page = AsciiInteger(load_default=1, validate=validate.Range(min=1, max=100000))
     per_page = AsciiInteger(load_default=None, validate=validate.Range(min=1, max=200))

@@ -113,10 +113,17 @@ def scan(db) -> dict:
     from sqlalchemy import select
 
     from kvreport_server import analysis, store
-    from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet
+    from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet, FacetTotal
 
     with db.Session() as s:
         rows = s.execute(select(Bundle)).scalars().all()
+        totals = Counter()
+        for b in rows:
+            totals.update(store.counted_facets(b))
+            assert b.facet_keys is None or set(map(tuple, b.facet_keys)) == analysis.facets(b.data, b.diagnosis)
+        got_totals = Counter({(t.kind, t.value): t.count for t in s.execute(select(FacetTotal)).scalars()})
+        if +totals != got_totals:
+            return {"facet_totals": (got_totals, totals)}
         expect = defaultdict(lambda: {"count": 0, "machines": set(), "facets": Counter(), "days": Counter(),
                                       "first": None, "last": None})
         for b in rows:
@@ -124,7 +131,7 @@ def scan(db) -> dict:
             e["count"] += 1
             if b.machine:
                 e["machines"].add(b.machine)
-            e["facets"].update(analysis.facets(b.data, b.diagnosis))
+            e["facets"].update(store.counted_facets(b))
             t = store.as_utc(b.received_at)
             e["days"][t.date()] += 1
             e["first"] = min(e["first"] or t, t)

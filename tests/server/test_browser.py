@@ -226,3 +226,68 @@ def test_bundle_page_draws_the_memory_of_each_device(live, page):
     section = page.locator("#memory")
     section.screenshot(path=str(ARTIFACTS / "bundle-memory-loc-17.png"))
     page.screenshot(path=str(ARTIFACTS / "bundle-memory-page.png"), full_page=True)
+
+
+def test_cluster_correlations_and_merge_in_the_browser(app, db):
+    """The demo's Ollama Vulkan cluster shows what its bundles have in common (its OS) as a table
+    with bars; a maintainer merges another cluster into it with the page's form and unmerges it."""
+    from kvreport_server.cli_entry import load_demo
+    from kvreport_server.waitress_server import create_server
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Debian's chromium is not installed (apt-get install -y chromium)", pytrace=False)
+    load_demo(db)
+    with db.Session() as s, s.begin():
+        auth.create_user(s, "maint", "correct horse battery")
+    server = create_server(app, host="127.0.0.1", port=0, threads=4)
+    threading.Thread(target=server.run, daemon=True).start()
+    base = f"http://127.0.0.1:{server.effective_port}"
+    items = requests.get(base + "/.json?per_page=100", timeout=10).json()["items"]
+    target = next(c for c in items if c["engine"] == "ollama")
+    other = next(c for c in items if c["id"] != target["id"] and c["engine"] == "llama.cpp")
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    problems: list[str] = []
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            pg = browser.new_page(viewport={"width": 1280, "height": 900})
+            pg.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+            pg.on("response", lambda r: problems.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+            pg.goto(f"{base}/clusters/{target['id']}")
+            table = pg.locator("table.correlations")
+            assert table.is_visible()
+            rows = table.locator("tbody tr")
+            texts = rows.all_inner_texts()
+            assert any("Windows" in t for t in texts), texts
+            assert pg.locator("table.correlations svg.bar").count() >= 2
+            pg.locator("#correlations").screenshot(path=str(ARTIFACTS / "cluster-correlations.png"))
+            pg.screenshot(path=str(ARTIFACTS / "cluster-correlations-page.png"), full_page=True)
+            # a correlation value is a link to the filtered list
+            rows.filter(has_text="Windows").locator("a").first.click()
+            pg.wait_for_url("**/?facet=os*")
+            assert pg.locator("tr.cluster-row").count() >= 1
+            assert pg.locator("#facet-filter").is_visible()
+            # sign in, merge `other` into the target with the form, then unmerge
+            pg.goto(base + "/login")
+            pg.fill("input[name=username]", "maint")
+            pg.fill("input[name=password]", "correct horse battery")
+            pg.click("#login-form button[type=submit]")
+            pg.goto(f"{base}/clusters/{other['id']}")
+            pg.click("details.merge summary")
+            pg.fill("#merge-form input[name=into]", str(target["id"]))
+            pg.click("#merge-form button[type=submit]")
+            pg.wait_for_url(f"**/clusters/{target['id']}")
+            assert pg.locator("#merged-from").is_visible()
+            merged = requests.get(f"{base}/clusters/{target['id']}.json", timeout=10).json()
+            assert merged["count"] == target["count"] + other["count"]
+            pg.screenshot(path=str(ARTIFACTS / "cluster-merged.png"), full_page=True)
+            pg.locator("#merged-from button[type=submit]").first.click()
+            pg.wait_for_load_state()
+            back = requests.get(f"{base}/clusters/{other['id']}.json", timeout=10).json()
+            assert back["count"] == other["count"] and back["merged_into"] is None
+            browser.close()
+    finally:
+        server.close()
+    assert not problems, problems

@@ -61,7 +61,7 @@ def test_log_versions_feed_facets_and_the_regression_view(client, db):
     c = client.get(f"/api/v1/clusters/{ids[SIG_C]}").get_json()
     assert c["regression"]["first_build"] is None and c["machines"] == 0
     assert regression_text(client, ids[SIG_C]) == (
-        "None of the 1 bundles of this cluster reports an engine version, so builds cannot be compared.")
+        "The one bundle of this cluster reports no engine version, so builds cannot be compared.")
 
     listing = client.get("/api/v1/clusters?gpu=4090").get_json()
     assert {i["id"] for i in listing["items"]} == {ids[SIG_A], ids[SIG_B]}

@@ -67,8 +67,11 @@ def _upload(bundle: dict, path, server: str | None, token: str | None, err: bool
 
         answer = upload_bundle(bundle, server, token)
     except UploadError as exc:
-        click.echo(f"kvreport: error: upload failed: {exc}; the bundle is kept at {path}; "
-                   f"retry with: kvreport upload {path}", err=True)
+        from kvreport.commands.upload import retry_command
+
+        hint = f" ({exc.hint})" if exc.hint else ""
+        click.echo(f"kvreport: error: upload failed: {exc}{hint}; the bundle is kept at {path}; "
+                   f"retry with: {retry_command(path, server=server, token=token)}", err=True)
         return exc.exit_code
     try:
         from kvreport.config import remember_upload

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
 
 import click
 
@@ -12,13 +14,27 @@ from kvreport.errors import UploadError
 from kvreport.upload import describe_answer, read_bundle_file, upload_bundle
 
 
+def retry_command(path: str, *, server: str | None = None, token: str | None = None, as_json: bool = False) -> str:
+    """The command to run again, with the options that were given (the token as a placeholder:
+    it is never printed)."""
+    parts = ["kvreport", "upload", shlex.quote(str(path))]
+    if server and server != os.environ.get("KVREPORT_SERVER"):
+        parts += ["--server", shlex.quote(server)]
+    if token and token != os.environ.get("KVREPORT_TOKEN"):
+        parts += ["--token", "<token>"]
+    if as_json:
+        parts.append("--json")
+    return " ".join(parts)
+
+
 def cli_upload(path: str, server: str | None, token: str | None, as_json: bool = False) -> int:
     """`kvreport upload PATH`: exit 0 when stored; :class:`UploadError` (exit 2) otherwise."""
     bundle = read_bundle_file(path)
     try:
         answer = upload_bundle(bundle, server, token)
     except UploadError as exc:
-        exc.hint = f"the bundle is unchanged at {path}; retry with: kvreport upload {path}"
+        retry = retry_command(path, server=server, token=token, as_json=as_json)
+        exc.hint = "; ".join(h for h in (exc.hint, f"the bundle is unchanged at {path}; retry with: {retry}") if h)
         raise
     if answer.get("url"):
         remember_upload(bundle["id"], answer["url"])

@@ -1,10 +1,10 @@
-"""Flask-WTF forms (CSRF-protected): sign-in and a maintainer's edit of a cluster."""
+"""Flask-WTF forms (CSRF-protected): sign-in, a maintainer's edit of a cluster, merge and unmerge."""
 
 from __future__ import annotations
 
 from flask_wtf import FlaskForm
-from wtforms import PasswordField, SelectField, StringField, TextAreaField
-from wtforms.validators import URL, DataRequired, Length, Optional
+from wtforms import IntegerField, PasswordField, SelectField, StringField, TextAreaField
+from wtforms.validators import URL, DataRequired, Length, NumberRange, Optional
 
 from kvreport_server.models import CLUSTER_STATUSES
 
@@ -19,3 +19,13 @@ class ClusterForm(FlaskForm):
     issue_url = StringField("GitHub issue URL", validators=[Optional(), Length(max=500),
                                                             URL(require_tld=False, message="must be an http(s) URL")])
     status = SelectField("Status", choices=list(CLUSTER_STATUSES))
+
+
+class MergeForm(FlaskForm):
+    into = IntegerField("Merge this cluster into cluster number",
+                        validators=[DataRequired(message="give the number of the cluster to merge into"),
+                                    NumberRange(min=1, max=2**31 - 1)])
+
+
+class UnmergeForm(FlaskForm):
+    """Only the CSRF token: the cluster is in the URL."""

@@ -3,6 +3,7 @@ and the prefilled "Open an issue" URL."""
 
 from __future__ import annotations
 
+import re
 from urllib.parse import quote
 
 import nh3
@@ -35,11 +36,38 @@ def sparkline_svg(counts: list[int], width: int = 120, height: int = 24) -> Mark
         f'stroke-width="1.5" points="{pts}"/></svg>')
 
 
-def fold_log(lines: list, marks: set[str], context: int = 3) -> list[dict]:
-    """Group ``[[n, text], ...]`` into blocks: ``{"folded": bool, "lines": [(n, text, highlighted)]}``.
+_DIGITS = re.compile(r"\d+")
+_KEY_LINE = re.compile(r"(?i)failed|error|out of memory|\bOOM\b|MiB|GiB|\bdevice\b|buffer size")
+SIMILAR_RUN = 4  # this many lines of one shape in a row fold to the first one
 
-    Highlighted lines (text equal to an allocator/final error line) and ``context`` lines around them
-    and the last 30 lines stay open; the rest is folded.
+
+def line_shape(text: str) -> str:
+    """A line with its numbers as ``N``: ``llama_kv_cache: layer 12: dev = CPU`` -> ``… layer N: dev = CPU``."""
+    return " ".join(_DIGITS.sub("N", text).split())
+
+
+def _similar_runs(rows: list[tuple]) -> list[tuple[int, int]]:
+    """(start, end) of each run of at least SIMILAR_RUN lines with the same shape and no highlight."""
+    runs, i = [], 0
+    while i < len(rows):
+        j = i
+        shape = line_shape(rows[i][1])
+        while j + 1 < len(rows) and not rows[j + 1][2] and line_shape(rows[j + 1][1]) == shape:
+            j += 1
+        if j - i + 1 >= SIMILAR_RUN and not rows[i][2] and shape:
+            runs.append((i, j))
+        i = j + 1
+    return runs
+
+
+def fold_log(lines: list, marks: set[str], context: int = 3) -> list[dict]:
+    """Group ``[[n, text], ...]`` into blocks: ``{"folded": bool, "similar": str | None,
+    "lines": [(n, text, highlighted)]}``.
+
+    Highlighted lines (text equal to an allocator/final error line) and ``context`` lines around them,
+    lines that state sizes, devices or errors, and the last 30 lines stay open; the rest is folded.
+    A run of lines that differ only in their numbers (thirty ``llama_kv_cache: layer N: dev = CPU``)
+    shows its first line and folds the others under "N more similar lines: <shape>".
     """
     rows = []
     for item in lines or []:
@@ -47,15 +75,25 @@ def fold_log(lines: list, marks: set[str], context: int = 3) -> list[dict]:
             n, text = item
             rows.append((n, str(text), str(text).strip() in marks))
     keep = set()
-    for i, (_n, _t, hit) in enumerate(rows):
+    for i, (_n, text, hit) in enumerate(rows):
         if hit:
             keep.update(range(max(0, i - context), min(len(rows), i + context + 1)))
+        elif _KEY_LINE.search(text):
+            keep.add(i)
     keep.update(range(max(0, len(rows) - 30), len(rows)))
+    similar = {}
+    for start, end in _similar_runs(rows):
+        keep.add(start)
+        for k in range(start + 1, end + 1):
+            similar[k] = start
     blocks: list[dict] = []
     for i, row in enumerate(rows):
-        folded = i not in keep
-        if not blocks or blocks[-1]["folded"] != folded:
-            blocks.append({"folded": folded, "lines": []})
+        run = similar.get(i)
+        folded = run is not None or i not in keep
+        label = line_shape(rows[run][1]) if run is not None else None
+        if not blocks or blocks[-1]["folded"] != folded or blocks[-1]["similar"] != label or \
+                (run is not None and blocks[-1].get("run") != run):
+            blocks.append({"folded": folded, "similar": label, "run": run, "lines": []})
         blocks[-1]["lines"].append(row)
     return blocks
 
