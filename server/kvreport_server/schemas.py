@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
+from marshmallow import EXCLUDE, RAISE, Schema, ValidationError, fields, validate, validates
 
 from kvreport_server.models import CLUSTER_STATUSES
 from kvreport_server.queries import SORTS
@@ -61,6 +61,15 @@ class ApiErrorSchema(Schema):
     error = fields.Nested(ApiErrorDetailSchema, required=True)
 
 
+class WhatWorkedSchema(Schema):
+    id = fields.String(required=True, metadata={"description": "suggestion id (design.md vocabulary)"})
+    machines = fields.Integer(required=True, metadata={"description": "distinct machines that confirmed it"})
+    of = fields.Integer(required=True, metadata={"description": "distinct machines of the cluster"})
+    outcomes = fields.Integer(required=True)
+    text = fields.String(required=True, metadata={"description": "'reduce-ctx: confirmed on 7 of 9 machines'"})
+    examples = fields.List(fields.String(), metadata={"description": "up to three changes that worked"})
+
+
 class ClusterRefSchema(Schema):
     id = fields.Integer(required=True)
     key = fields.String(required=True)
@@ -70,6 +79,8 @@ class ClusterRefSchema(Schema):
     known_fix = fields.String(allow_none=True)
     issue_url = fields.String(allow_none=True)
     url = fields.String()
+    what_worked = fields.List(fields.Nested(WhatWorkedSchema),
+                              metadata={"description": "what confirmed outcomes say worked here, most machines first"})
 
 
 class UploadResponseSchema(Schema):
@@ -118,6 +129,7 @@ class ClusterListSchema(Schema):
 class FacetValueSchema(Schema):
     value = fields.String(required=True)
     count = fields.Integer(required=True)
+    confirmed = fields.Integer(metadata={"description": "suggestion facet: machines whose outcome confirmed it"})
 
 
 class BundleSummarySchema(Schema):
@@ -149,6 +161,8 @@ class RegressionSchema(Schema):
 
 class ClusterDetailSchema(ClusterSchema):
     facets = fields.Dict(keys=fields.String(), values=fields.List(fields.Nested(FacetValueSchema)))
+    what_worked = fields.List(fields.Nested(WhatWorkedSchema),
+                              metadata={"description": "what worked here: suggestion ids confirmed by later runs"})
     regression = fields.Nested(RegressionSchema)
     bundles = fields.List(fields.Nested(BundleSummarySchema))
 
@@ -202,3 +216,82 @@ class HealthSchema(Schema):
     status = fields.String(required=True)
     database = fields.String(required=True)
     analyzer_version = fields.String()
+
+
+
+# ------------------------------------------------------------------ outcomes (kvreport_server.outcomes)
+OUTCOME_ID = r"^[0-9A-HJKMNP-TV-Z]{26}$"
+MACHINE_HASH = r"^[0-9a-f]{64}$"
+ISO_UTC = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?Z$"
+MAX_CHANGES = 32
+
+
+def _suggestion_ids() -> tuple[str, ...]:
+    from kvreport.fixes import SUGGESTION_IDS
+
+    return SUGGESTION_IDS
+
+
+class _StrictBool(fields.Boolean):
+    def _deserialize(self, value, attr, data, **kwargs):
+        if not isinstance(value, bool):
+            raise self.make_error("invalid", input=value)
+        return value
+
+
+def _plain_value(v) -> bool:
+    """A value a flag can take: null, a bool, a finite number, a short string, or a short list of those."""
+    if v is None or isinstance(v, bool):
+        return True
+    if isinstance(v, int):
+        return -(2**63) <= v < 2**63
+    if isinstance(v, float):
+        return v == v and v not in (float("inf"), float("-inf"))
+    if isinstance(v, str):
+        return len(v) <= 200 and "\x00" not in v
+    if isinstance(v, list):
+        return len(v) <= 16 and all(not isinstance(x, list) and _plain_value(x) for x in v)
+    return False
+
+
+class OutcomeSchema(Schema):
+    """The body of ``POST /api/v1/bundles/<id>/outcomes``."""
+
+    class Meta:
+        unknown = RAISE
+
+    id = SafeString(required=True, validate=validate.Regexp(OUTCOME_ID, error="must be a ULID (26 characters)"),
+                    metadata={"description": "the outcome's id, made by the client (idempotency key)"})
+    machine = SafeString(required=True, validate=validate.Regexp(MACHINE_HASH, error="must be 64 lower-case hex digits"),
+                         metadata={"description": "SHA-256 of a salt kept on the client and its machine facts"})
+    worked = _StrictBool(required=True)
+    change = fields.Dict(keys=SafeString(validate=validate.Length(min=1, max=60)),
+                         values=fields.List(fields.Raw(allow_none=True), validate=validate.Length(equal=2)),
+                         required=True, metadata={"description": "{flag as typed: [from, to]}"})
+    suggestion_ids = fields.List(SafeString(validate=validate.Length(max=60)), required=True,
+                                 validate=validate.Length(max=20))
+    engine = SafeString(allow_none=True, load_default=None, validate=validate.Length(max=40))
+    created_at = SafeString(required=True, validate=validate.Regexp(ISO_UTC, error="must be UTC ISO 8601 (…Z)"))
+
+    @validates("change")
+    def _check_change(self, value, **_kw):
+        if len(value) > MAX_CHANGES:
+            raise ValidationError(f"at most {MAX_CHANGES} changed flags")
+        for flag, pair in value.items():
+            if not all(_plain_value(v) for v in pair):
+                raise ValidationError(f"{flag}: each value must be null, a boolean, a finite number, a string of "
+                                      "at most 200 characters or a short list of those")
+
+    @validates("suggestion_ids")
+    def _check_ids(self, value, **_kw):
+        known = set(_suggestion_ids())
+        unknown = sorted({v for v in value if v not in known})
+        if unknown:
+            raise ValidationError(f"unknown suggestion id(s): {', '.join(unknown)[:200]}")
+
+
+class OutcomeResponseSchema(Schema):
+    id = fields.String(required=True)
+    bundle_id = fields.String(required=True)
+    url = fields.String(required=True)
+    cluster = fields.Nested(ClusterRefSchema, required=True)
