@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from marshmallow import EXCLUDE, RAISE, Schema, ValidationError, fields, validate, validates
+from marshmallow import EXCLUDE, RAISE, Schema, ValidationError, fields, validate
 
+from kvreport.bundle import StrictBoolean
 from kvreport_server.models import CLUSTER_STATUSES
 from kvreport_server.queries import SORTS
 
@@ -222,8 +223,13 @@ class HealthSchema(Schema):
 # ------------------------------------------------------------------ outcomes (kvreport_server.outcomes)
 OUTCOME_ID = r"^[0-9A-HJKMNP-TV-Z]{26}$"
 MACHINE_HASH = r"^[0-9a-f]{64}$"
-ISO_UTC = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?Z$"
+ISO_UTC = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?Z$"
 MAX_CHANGES = 32
+_SCALAR_DOC = [{"type": "string", "maxLength": 200, "pattern": NO_NUL},
+               {"type": "number", "minimum": -INT64, "maximum": INT64}, {"type": "boolean"}]
+FLAG_VALUE_DOC = {"nullable": True, "anyOf": [*_SCALAR_DOC, {"type": "array", "maxItems": 16, "items": {
+    "nullable": True, "anyOf": _SCALAR_DOC}}],
+    "description": "null, a boolean, a number, a string of at most 200 characters, or a list of at most 16 of those"}
 
 
 def _suggestion_ids() -> tuple[str, ...]:
@@ -232,30 +238,40 @@ def _suggestion_ids() -> tuple[str, ...]:
     return SUGGESTION_IDS
 
 
-class _StrictBool(fields.Boolean):
-    def _deserialize(self, value, attr, data, **kwargs):
-        if not isinstance(value, bool):
-            raise self.make_error("invalid", input=value)
-        return value
-
-
-def _plain_value(v) -> bool:
-    """A value a flag can take: null, a bool, a finite number, a short string, or a short list of those."""
+def _scalar(v) -> bool:
     if v is None or isinstance(v, bool):
         return True
     if isinstance(v, int):
-        return -(2**63) <= v < 2**63
+        return -INT64 <= v <= INT64
     if isinstance(v, float):
-        return v == v and v not in (float("inf"), float("-inf"))
+        return v == v and -INT64 <= v <= INT64
     if isinstance(v, str):
-        return len(v) <= 200 and "\x00" not in v
-    if isinstance(v, list):
-        return len(v) <= 16 and all(not isinstance(x, list) and _plain_value(x) for x in v)
+        if len(v) > 200 or "\x00" in v:
+            return False
+        try:
+            v.encode("utf-8")  # no lone surrogates (PostgreSQL refuses them)
+        except UnicodeEncodeError:
+            return False
+        return True
     return False
 
 
+def _flag_value(v) -> bool:
+    """A value a flag can take (FLAG_VALUE_DOC)."""
+    if isinstance(v, list):
+        return len(v) <= 16 and all(_scalar(x) for x in v)
+    return _scalar(v)
+
+
+class FlagValue(fields.Raw):
+    def _deserialize(self, value, attr, data, **kwargs):
+        if not _flag_value(value):
+            raise ValidationError(FLAG_VALUE_DOC["description"])
+        return value
+
+
 class OutcomeSchema(Schema):
-    """The body of ``POST /api/v1/bundles/<id>/outcomes``."""
+    """The body of ``POST /api/v1/bundles/<id>/outcomes`` (kvreport_server.outcomes)."""
 
     class Meta:
         unknown = RAISE
@@ -264,30 +280,16 @@ class OutcomeSchema(Schema):
                     metadata={"description": "the outcome's id, made by the client (idempotency key)"})
     machine = SafeString(required=True, validate=validate.Regexp(MACHINE_HASH, error="must be 64 lower-case hex digits"),
                          metadata={"description": "SHA-256 of a salt kept on the client and its machine facts"})
-    worked = _StrictBool(required=True)
-    change = fields.Dict(keys=SafeString(validate=validate.Length(min=1, max=60)),
-                         values=fields.List(fields.Raw(allow_none=True), validate=validate.Length(equal=2)),
-                         required=True, metadata={"description": "{flag as typed: [from, to]}"})
-    suggestion_ids = fields.List(SafeString(validate=validate.Length(max=60)), required=True,
+    worked = StrictBoolean(required=True)
+    change = fields.Dict(keys=SafeString(validate=validate.Length(max=200)),
+                         values=fields.List(FlagValue(allow_none=True, metadata=FLAG_VALUE_DOC),
+                                            validate=validate.Length(equal=2)),
+                         required=True, validate=validate.Length(max=MAX_CHANGES),
+                         metadata={"description": "{flag as typed: [from, to]}", "maxProperties": MAX_CHANGES})
+    suggestion_ids = fields.List(SafeString(validate=validate.OneOf(_suggestion_ids())), required=True,
                                  validate=validate.Length(max=20))
     engine = SafeString(allow_none=True, load_default=None, validate=validate.Length(max=40))
     created_at = SafeString(required=True, validate=validate.Regexp(ISO_UTC, error="must be UTC ISO 8601 (…Z)"))
-
-    @validates("change")
-    def _check_change(self, value, **_kw):
-        if len(value) > MAX_CHANGES:
-            raise ValidationError(f"at most {MAX_CHANGES} changed flags")
-        for flag, pair in value.items():
-            if not all(_plain_value(v) for v in pair):
-                raise ValidationError(f"{flag}: each value must be null, a boolean, a finite number, a string of "
-                                      "at most 200 characters or a short list of those")
-
-    @validates("suggestion_ids")
-    def _check_ids(self, value, **_kw):
-        known = set(_suggestion_ids())
-        unknown = sorted({v for v in value if v not in known})
-        if unknown:
-            raise ValidationError(f"unknown suggestion id(s): {', '.join(unknown)[:200]}")
 
 
 class OutcomeResponseSchema(Schema):

@@ -160,6 +160,10 @@ class BundleOutcomes(MethodView):
         cfg = current_app.config
         body = limits.read_body(request, min(cfg["MAX_BODY_BYTES"], 65536), min(cfg["MAX_JSON_BYTES"], 65536))
         data = limits.parse_json(body, max_nodes=2000, max_depth=6, max_items=64, max_string=cfg["MAX_STRING_CHARS"])
+        if isinstance(data, dict) and isinstance(data.get("change"), dict):
+            # flag names are free-form keys (OpenAPI 3.0 cannot state a pattern for them): cleaned like a
+            # bundle's keys (no NUL, no lone surrogates); values are checked, not cleaned
+            data["change"] = {limits._clean_str(k): v for k, v in data["change"].items()}
         outcome = outcomes.load_outcome(data)
         outcomes.check_secrets(outcome)
         status, cluster_id = outcomes.store(get_db(), bundle_id, outcome, token_id=token.id)
