@@ -12,7 +12,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0005"
-down_revision = "0003"  # LOCAL ONLY until 0004 exists: the commit says "0004"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 
