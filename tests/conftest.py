@@ -27,6 +27,15 @@ def strict_mode(monkeypatch):
     monkeypatch.setenv("KVREPORT_STRICT", "1")
 
 
+@pytest.fixture(autouse=True)
+def private_data_dir(monkeypatch, tmp_path_factory):
+    """Every test (and the CLI it starts) keeps its client data (uploads.json, the local record of runs,
+    kvreport.record) in a folder of its own, never in the user's data directory."""
+    path = tmp_path_factory.mktemp("kvreport-data")
+    monkeypatch.setenv("KVREPORT_DATA_DIR", str(path))
+    return path
+
+
 @pytest.fixture(scope="session")
 def shared_cases() -> list[Path]:
     return case_dirs()

@@ -187,6 +187,25 @@ def _log_version(facts, engine_name: str | None) -> dict:
     return out
 
 
+def command_section(command_line: str | list[str] | None, extra_env: dict[str, str] | None = None) -> dict:
+    """The bundle's ``command`` section: :func:`kvreport.cmdline.parse_command` of the line, with the
+    settings the engine also read from the environment it ran in (``extra_env``: LLAMA_ARG_*,
+    OLLAMA_*), parsed as if they were env prefixes (the command line still wins); ``line`` as typed."""
+    from kvreport.cmdline import parse_command
+
+    command = parse_command(command_line) if command_line else {}
+    if extra_env and command_line:
+        prefix = [f"{k}={v}" for k, v in extra_env.items()]
+        if isinstance(command_line, str):
+            with_env = parse_command(" ".join(shlex.quote(p) for p in prefix) + " " + command_line)
+        else:
+            with_env = parse_command(prefix + list(command_line))
+        if with_env.get("engine") == command.get("engine"):
+            command["flags"] = with_env.get("flags") or command.get("flags") or {}
+        command["env"] = {**extra_env, **(command.get("env") or {})}
+    return command
+
+
 def build_bundle(log_lines: Iterable[str] | None = None, command_line: str | list[str] | None = None,
                  model_path: str | None = None, probe_timeout: float = 3.0,
                  memory_before: list[dict] | None = None, log_source: str = "file", *,
@@ -204,25 +223,13 @@ def build_bundle(log_lines: Iterable[str] | None = None, command_line: str | lis
     environment the engine ran in (``kvreport run``). Raises ``BundleError`` only on a bug.
     """
     from kvreport import probes
-    from kvreport.cmdline import parse_command
     from kvreport.redact import Redactor
 
     if excerpt is None and log_lines is not None:
         excerpt = Excerpt()
         for line in log_lines:
             excerpt.feed(line)
-    command = parse_command(command_line) if command_line else {}
-    if extra_env and command_line:
-        # the engine also read its settings from the environment it ran in (LLAMA_ARG_*, OLLAMA_*):
-        # parse as if those were env prefixes (the command line still wins), keep `line` as typed
-        prefix = [f"{k}={v}" for k, v in extra_env.items()]
-        if isinstance(command_line, str):
-            with_env = parse_command(" ".join(shlex.quote(p) for p in prefix) + " " + command_line)
-        else:
-            with_env = parse_command(prefix + list(command_line))
-        if with_env.get("engine") == command.get("engine"):
-            command["flags"] = with_env.get("flags") or command.get("flags") or {}
-        command["env"] = {**extra_env, **(command.get("env") or {})}
+    command = command_section(command_line, extra_env)
     log_facts = _log_facts(excerpt)
     log_engine = _log_engine(log_facts)
     if probe_result is None:

@@ -11,7 +11,12 @@
    reaches CMD (it shares kvreport's foreground process group), so it is not sent twice (llama-server
    treats a second SIGINT as "terminate now"); a SIGINT sent to kvreport alone (no terminal) is
    forwarded.
-4. kvreport exits with CMD's status (128 + N when CMD was killed by signal N; 127 when CMD cannot be
+4. Fix confirmation (:mod:`kvreport.confirm`): when CMD shows it came up (its engine's ready line
+   in the streamed output, or exit 0 of a one-shot llama.cpp program) and an earlier run of the same
+   engine and model failed on this machine, kvreport names the change between the two commands,
+   prints "this worked: ...", marks the failed bundle fixed in the local record and sends the
+   outcome to a configured server. A failure's bundle is remembered there for that.
+5. kvreport exits with CMD's status (128 + N when CMD was killed by signal N; 127 when CMD cannot be
    found, 126 when it cannot be executed). On failure (status != 0), or always with ``--always``,
    it collects a bundle from what CMD printed and finishes like ``kvreport collect``.
 
@@ -74,21 +79,29 @@ def wants_verbosity(cmd: list[str], parsed: dict, build_number: int | None,
 
 
 class _Capture:
-    """Splits the child's byte chunks into lines for the excerpt (thread-safe, arrival order)."""
+    """Splits the child's byte chunks into lines for the excerpt (thread-safe, arrival order);
+    ``on_line`` sees every line too (the success watch of :class:`_SuccessWatch`)."""
 
-    def __init__(self, excerpt: Excerpt):
+    def __init__(self, excerpt: Excerpt, on_line=None):
         self.excerpt = excerpt
+        self.on_line = on_line
         self.lock = threading.Lock()
         self.partial: dict[str, bytes] = {}
+
+    def _line(self, raw: bytes) -> None:
+        text = raw.decode("utf-8", "replace")
+        self.excerpt.feed(text)
+        if self.on_line is not None:
+            self.on_line(text)
 
     def feed(self, stream: str, data: bytes) -> None:
         with self.lock:
             buf = self.partial.get(stream, b"") + data
             *lines, rest = buf.split(b"\n")
             for raw in lines:
-                self.excerpt.feed(raw.decode("utf-8", "replace"))
+                self._line(raw)
             if len(rest) > 1 << 20:  # a line without end: keep it bounded
-                self.excerpt.feed(rest.decode("utf-8", "replace"))
+                self._line(rest)
                 rest = b""
             self.partial[stream] = rest
 
@@ -96,8 +109,54 @@ class _Capture:
         with self.lock:
             for rest in self.partial.values():
                 if rest:
-                    self.excerpt.feed(rest.decode("utf-8", "replace"))
+                    self._line(rest)
             self.partial.clear()
+
+
+class _SuccessWatch:
+    """Confirms a fix (:mod:`kvreport.confirm`) once the engine shows it came up: its ready line in the
+    streamed output (a server is confirmed while it keeps running), or exit 0 of a one-shot program.
+    The confirmation runs in its own thread so that the output keeps flowing."""
+
+    def __init__(self, command: dict, probe_result: dict, server: str | None, token: str | None):
+        self.command = command
+        self.host = probe_result.get("host") or {}
+        self.devices = list(probe_result.get("devices") or [])
+        self.server, self.token = server, token
+        self.fired = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def on_line(self, line: str) -> None:
+        from kvreport.confirm import ready_marker
+
+        if not self.fired.is_set() and ready_marker(self.command.get("engine"), line):
+            self._fire()
+
+    def _fire(self) -> None:
+        self.fired.set()
+        self.thread = threading.Thread(target=self._confirm, daemon=True)
+        self.thread.start()
+
+    def _confirm(self) -> None:
+        from kvreport import confirm
+
+        try:
+            confirm.confirm(self.command, self.host, self.devices, server=self.server, token=self.token)
+        except Exception as exc:  # noqa: BLE001 - the engine's run matters more than the record
+            from kvreport import strict
+
+            strict.check()
+            if os.environ.get("KVREPORT_DEBUG"):
+                raise
+            click.echo(f"kvreport: note: could not record the fix: {exc}", err=True)
+
+    def finish(self, status: int) -> None:
+        from kvreport.confirm import is_one_shot
+
+        if not self.fired.is_set() and status == 0 and is_one_shot(self.command.get("program")):
+            self._fire()
+        if self.thread is not None:
+            self.thread.join(timeout=120.0)
 
 
 def _pump(pipe, out_stream, name: str, capture: _Capture) -> None:
@@ -126,14 +185,14 @@ def _pump(pipe, out_stream, name: str, capture: _Capture) -> None:
         pass
 
 
-def execute(argv: list[str], excerpt: Excerpt) -> int:
-    """Run ``argv`` (no shell), tee its output into ``excerpt``, forward signals; return its status
-    as a shell reports it (128 + N for signal N)."""
+def execute(argv: list[str], excerpt: Excerpt, on_line=None) -> int:
+    """Run ``argv`` (no shell), tee its output into ``excerpt`` (and each line to ``on_line``),
+    forward signals; return its status as a shell reports it (128 + N for signal N)."""
     # Python engines (vLLM logs to stdout) would block-buffer into a pipe: ask them not to
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, shell=False, env=env)
-    capture = _Capture(excerpt)
+    capture = _Capture(excerpt, on_line)
     threads = [threading.Thread(target=_pump, args=(proc.stdout, sys.stdout, "out", capture), daemon=True),
                threading.Thread(target=_pump, args=(proc.stderr, sys.stderr, "err", capture), daemon=True)]
     for t in threads:
@@ -219,11 +278,15 @@ def cli_run(cmd: list[str], log_path: str | None = None, command_line: str | Non
         click.echo("kvreport: added -lv 4 so that llama.cpp prints its model, context and KV sizes "
                    "(--keep-verbosity to run the command unchanged)", err=True)
     excerpt = Excerpt()
+    from kvreport.collect import command_section
+
+    watch = _SuccessWatch(command_section(cmd, placement_env()), before, server, token)
     try:
-        status = execute(run_argv, excerpt)
+        status = execute(run_argv, excerpt, on_line=watch.on_line)
     except OSError as exc:
         click.echo(f"kvreport: error: {cmd[0]}: {exc.strerror or exc}", err=True)
         return 126
+    watch.finish(status)
     if status == 0 and not always:
         return 0
     if log_path:
@@ -235,7 +298,7 @@ def cli_run(cmd: list[str], log_path: str | None = None, command_line: str | Non
                               extra_env=placement_env(), python=python)
         bundle.setdefault("collector", {})["exit_status"] = status
         finish(bundle, output=output, upload=upload, server=server, token=token, show=show, yes=yes,
-               as_json=as_json)
+               as_json=as_json, confirm_success=False)
     except Exception as exc:  # noqa: BLE001 - the child's status matters more than the bundle
         if os.environ.get("KVREPORT_DEBUG"):
             raise

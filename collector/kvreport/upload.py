@@ -143,4 +143,39 @@ def describe_answer(answer: dict) -> str:
         lines.extend("  " + line for line in str(cluster["known_fix"]).splitlines())
     if cluster.get("issue_url"):
         lines.append(f"Tracked in: {cluster['issue_url']}")
+    worked = [w for w in cluster.get("what_worked") or [] if isinstance(w, dict) and w.get("text")]
+    if worked:
+        lines.append("What worked for others:")
+        lines.extend(f"  {w['text']}" for w in worked[:5])
     return "\n".join(lines)
+
+
+def send_outcome(body: dict, bundle_id: str, server: str | None, token: str | None) -> dict:
+    """Post an outcome (:mod:`kvreport.confirm`) to ``<server>/api/v1/bundles/<bundle_id>/outcomes``.
+
+    Idempotent on the outcome ``id`` (retried like an upload). Returns the server's answer with
+    ``status``; raises :class:`UploadError` with the server's message otherwise."""
+    import requests
+
+    server, token = resolve_server(server, token)
+    if not server or not token:
+        raise UploadError("no server or token configured",
+                          hint="pass --server and --token, or set KVREPORT_SERVER and KVREPORT_TOKEN")
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": "application/json"}
+    url = f"{server}/api/v1/bundles/{bundle_id}/outcomes"
+    try:
+        resp = _session().post(url, data=json.dumps(body).encode("utf-8"), headers=headers, timeout=TIMEOUT)
+    except requests.RequestException as exc:
+        raise UploadError(f"could not reach {server}: {type(exc).__name__}") from None
+    try:
+        answer = resp.json()
+    except ValueError:
+        answer = None
+    if resp.status_code in (200, 201) and isinstance(answer, dict):
+        answer["status"] = resp.status_code
+        return answer
+    message = None
+    if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
+        message = answer["error"].get("message")
+    message = message or (resp.text or "").strip()[:200] or resp.reason
+    raise UploadError(f"the server refused the outcome (HTTP {resp.status_code}): {message}")

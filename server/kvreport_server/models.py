@@ -11,6 +11,9 @@
 * Merges: ``Cluster.merged_into`` points a merged cluster at the one that absorbed it; each bundle
   keeps ``home_cluster_id``, the cluster of its own signature, so that an unmerge knows which
   bundles go back. ``Bundle.facet_keys`` is what the bundle added to the facet counters.
+* ``Outcome``: a later run that worked on the reporter's machine, linked to the failed bundle (a salted machine
+  hash, the change and its suggestion ids; facts sent by ``kvreport run`` / ``collect``, kvreport.confirm), and
+  ``OutcomeSuggestion`` one row per suggestion id it confirms (the "what worked here" counts per cluster).
 * ``ApiToken`` / ``User``: access (tokens stored as SHA-256 digests; passwords with a KDF).
 """
 
@@ -135,6 +138,29 @@ class FacetTotal(Base):
     kind: Mapped[str] = mapped_column(String(20), primary_key=True)
     value: Mapped[str] = mapped_column(String(200), primary_key=True)
     count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+class Outcome(Base):
+    __tablename__ = "outcomes"
+
+    id: Mapped[str] = mapped_column(String(26), primary_key=True)  # the client's ULID: the idempotency key
+    bundle_id: Mapped[str] = mapped_column(ForeignKey("bundles.id", ondelete="CASCADE"), nullable=False, index=True)
+    machine: Mapped[str] = mapped_column(String(64), nullable=False)  # SHA-256 of a client-side salt and facts
+    worked: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    change: Mapped[dict] = mapped_column(JSONType, nullable=False)  # {shown flag: [from, to]}
+    suggestion_ids: Mapped[list] = mapped_column(JSONType, nullable=False)
+    engine: Mapped[str | None] = mapped_column(String(40))
+    created_at: Mapped[str] = mapped_column(String(40), nullable=False)
+    received_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    content_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"))
+
+
+class OutcomeSuggestion(Base):
+    __tablename__ = "outcome_suggestions"
+    __table_args__ = (Index("ix_outcome_suggestions_bundle", "bundle_id"),)
+
+    outcome_id: Mapped[str] = mapped_column(ForeignKey("outcomes.id", ondelete="CASCADE"), primary_key=True)
+    suggestion_id: Mapped[str] = mapped_column(String(60), primary_key=True)
+    bundle_id: Mapped[str] = mapped_column(ForeignKey("bundles.id", ondelete="CASCADE"), nullable=False)
 
 
 class ApiToken(Base):

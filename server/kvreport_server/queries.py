@@ -201,7 +201,8 @@ def regression(session: Session, c: Cluster) -> dict:
 
 
 def cluster_detail(session: Session, cluster_id: int, newest: int = 20) -> dict | None:
-    """One cluster with facet tables, suggestion counts, regression view and its newest bundles."""
+    """One cluster with facet tables, suggestion counts (ranked by confirmations), what worked here
+    (:func:`kvreport_server.outcomes.what_worked`), regression view and its newest bundles."""
     c = session.get(Cluster, cluster_id)
     if c is None:
         return None
@@ -211,6 +212,11 @@ def cluster_detail(session: Session, cluster_id: int, newest: int = 20) -> dict 
     out["facets"] = {k: [{"value": v, "count": n} for v, n in facets.get(k, [])] for k in kinds}
     if facets.get("n_ctx"):
         out["facets"]["n_ctx"].sort(key=lambda x: ascii_int(x["value"], 30) or 0)
+    from kvreport_server.outcomes import rank_suggestions, what_worked
+
+    # what worked here (confirmed outcomes), and the suggestions given ranked by those confirmations
+    out["what_worked"] = what_worked(session, c)
+    out["facets"]["suggestion"] = rank_suggestions(out["facets"]["suggestion"], out["what_worked"])
     out["sparkline"] = sparklines(session, [c.id]).get(c.id, [0] * SPARK_DAYS)
     out["regression"] = regression(session, c)
     skip = {(k, v) for k, v in (("backend", c.backend), ("verdict", None)) if v}

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
+from marshmallow import EXCLUDE, RAISE, Schema, ValidationError, fields, validate
 
+from kvreport.bundle import StrictBoolean
 from kvreport_server.models import CLUSTER_STATUSES
 from kvreport_server.queries import SORTS
 
@@ -61,6 +62,15 @@ class ApiErrorSchema(Schema):
     error = fields.Nested(ApiErrorDetailSchema, required=True)
 
 
+class WhatWorkedSchema(Schema):
+    id = fields.String(required=True, metadata={"description": "suggestion id (design.md vocabulary)"})
+    machines = fields.Integer(required=True, metadata={"description": "distinct machines that confirmed it"})
+    of = fields.Integer(required=True, metadata={"description": "distinct machines of the cluster"})
+    outcomes = fields.Integer(required=True)
+    text = fields.String(required=True, metadata={"description": "'reduce-ctx: confirmed on 7 of 9 machines'"})
+    examples = fields.List(fields.String(), metadata={"description": "up to three changes that worked"})
+
+
 class ClusterRefSchema(Schema):
     id = fields.Integer(required=True)
     key = fields.String(required=True)
@@ -70,6 +80,8 @@ class ClusterRefSchema(Schema):
     known_fix = fields.String(allow_none=True)
     issue_url = fields.String(allow_none=True)
     url = fields.String()
+    what_worked = fields.List(fields.Nested(WhatWorkedSchema),
+                              metadata={"description": "what confirmed outcomes say worked here, most machines first"})
 
 
 class UploadResponseSchema(Schema):
@@ -119,6 +131,7 @@ class ClusterListSchema(Schema):
 class FacetValueSchema(Schema):
     value = fields.String(required=True)
     count = fields.Integer(required=True)
+    confirmed = fields.Integer(metadata={"description": "suggestion facet: machines whose outcome confirmed it"})
 
 
 class BundleSummarySchema(Schema):
@@ -179,6 +192,8 @@ class MergedClusterSchema(Schema):
 
 class ClusterDetailSchema(ClusterSchema):
     facets = fields.Dict(keys=fields.String(), values=fields.List(fields.Nested(FacetValueSchema)))
+    what_worked = fields.List(fields.Nested(WhatWorkedSchema),
+                              metadata={"description": "what worked here: suggestion ids confirmed by later runs"})
     regression = fields.Nested(RegressionSchema)
     bundles = fields.List(fields.Nested(BundleSummarySchema))
     correlations = fields.Nested(CorrelationsSchema)
@@ -274,3 +289,81 @@ class KnownCatalogSchema(Schema):
     server = fields.String(required=True)
     generated_at = fields.String(required=True, metadata={"format": "date-time"})
     entries = fields.List(fields.Nested(KnownEntrySchema), required=True)
+
+# ------------------------------------------------------------------ outcomes (kvreport_server.outcomes)
+OUTCOME_ID = r"^[0-9A-HJKMNP-TV-Z]{26}$"
+MACHINE_HASH = r"^[0-9a-f]{64}$"
+ISO_UTC = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?Z$"
+MAX_CHANGES = 32
+_SCALAR_DOC = [{"type": "string", "maxLength": 200, "pattern": NO_NUL},
+               {"type": "number", "minimum": -INT64, "maximum": INT64}, {"type": "boolean"}]
+FLAG_VALUE_DOC = {"nullable": True, "anyOf": [*_SCALAR_DOC, {"type": "array", "maxItems": 16, "items": {
+    "nullable": True, "anyOf": _SCALAR_DOC}}],
+    "description": "null, a boolean, a number, a string of at most 200 characters, or a list of at most 16 of those"}
+
+
+def _suggestion_ids() -> tuple[str, ...]:
+    from kvreport.fixes import SUGGESTION_IDS
+
+    return SUGGESTION_IDS
+
+
+def _scalar(v) -> bool:
+    if v is None or isinstance(v, bool):
+        return True
+    if isinstance(v, int):
+        return -INT64 <= v <= INT64
+    if isinstance(v, float):
+        return v == v and -INT64 <= v <= INT64
+    if isinstance(v, str):
+        if len(v) > 200 or "\x00" in v:
+            return False
+        try:
+            v.encode("utf-8")  # no lone surrogates (PostgreSQL refuses them)
+        except UnicodeEncodeError:
+            return False
+        return True
+    return False
+
+
+def _flag_value(v) -> bool:
+    """A value a flag can take (FLAG_VALUE_DOC)."""
+    if isinstance(v, list):
+        return len(v) <= 16 and all(_scalar(x) for x in v)
+    return _scalar(v)
+
+
+class FlagValue(fields.Raw):
+    def _deserialize(self, value, attr, data, **kwargs):
+        if not _flag_value(value):
+            raise ValidationError(FLAG_VALUE_DOC["description"])
+        return value
+
+
+class OutcomeSchema(Schema):
+    """The body of ``POST /api/v1/bundles/<id>/outcomes`` (kvreport_server.outcomes)."""
+
+    class Meta:
+        unknown = RAISE
+
+    id = SafeString(required=True, validate=validate.Regexp(OUTCOME_ID, error="must be a ULID (26 characters)"),
+                    metadata={"description": "the outcome's id, made by the client (idempotency key)"})
+    machine = SafeString(required=True, validate=validate.Regexp(MACHINE_HASH, error="must be 64 lower-case hex digits"),
+                         metadata={"description": "SHA-256 of a salt kept on the client and its machine facts"})
+    worked = StrictBoolean(required=True)
+    change = fields.Dict(keys=SafeString(validate=validate.Length(max=200)),
+                         values=fields.List(FlagValue(allow_none=True, metadata=FLAG_VALUE_DOC),
+                                            validate=validate.Length(equal=2)),
+                         required=True, validate=validate.Length(max=MAX_CHANGES),
+                         metadata={"description": "{flag as typed: [from, to]}", "maxProperties": MAX_CHANGES})
+    suggestion_ids = fields.List(SafeString(validate=validate.OneOf(_suggestion_ids())), required=True,
+                                 validate=validate.Length(max=20))
+    engine = SafeString(allow_none=True, load_default=None, validate=validate.Length(max=40))
+    created_at = SafeString(required=True, validate=validate.Regexp(ISO_UTC, error="must be UTC ISO 8601 (…Z)"))
+
+
+class OutcomeResponseSchema(Schema):
+    id = fields.String(required=True)
+    bundle_id = fields.String(required=True)
+    url = fields.String(required=True)
+    cluster = fields.Nested(ClusterRefSchema, required=True)

@@ -8,7 +8,8 @@ from sqlalchemy import create_engine, inspect
 
 from kvreport_server import migrate
 
-TABLES = {"clusters", "bundles", "cluster_facets", "cluster_days", "facet_totals", "api_tokens", "users"}
+TABLES = {"clusters", "bundles", "cluster_facets", "cluster_days", "facet_totals", "api_tokens", "users", "outcomes",
+          "outcome_suggestions"}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

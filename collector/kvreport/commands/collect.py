@@ -21,8 +21,9 @@ from kvreport.collect import (
 from kvreport.errors import UploadError
 
 
-def _print_diagnosis(bundle: dict, show: bool, as_json: bool) -> None:
-    """The bundle (``--show``), then the diagnosis as JSON or text; human lines to stderr with ``--json``."""
+def _print_diagnosis(bundle: dict, show: bool, as_json: bool) -> dict | None:
+    """The bundle (``--show``), then the diagnosis as JSON or text; human lines to stderr with ``--json``.
+    Returns the diagnosis (None when it failed)."""
     diagnosis, problem = diagnose_bundle(bundle)
     known = _known(diagnosis, bundle) if diagnosis is not None else []
     if show:
@@ -36,6 +37,24 @@ def _print_diagnosis(bundle: dict, show: bool, as_json: bool) -> None:
         click.echo(render_diagnosis(diagnosis, bundle) + render(known), nl=False)
     if problem:
         click.echo(f"kvreport: {problem}", err=True)
+    return diagnosis
+
+
+def _follow_up(bundle: dict, diagnosis: dict | None, *, confirm_success: bool, server: str | None,
+               token: str | None) -> None:
+    """Remember a memory failure in the local record; with ``confirm_success``, a log that shows the
+    engine came up (and no failure) confirms the fix of an earlier failure (:mod:`kvreport.confirm`)."""
+    from kvreport import confirm
+
+    if diagnosis is None:
+        return
+    if confirm.remember_failure(bundle, diagnosis):
+        return
+    phase = (diagnosis.get("failure") or {}).get("phase")
+    command = bundle.get("command") or {}
+    lines = [t for _n, t in ((bundle.get("log") or {}).get("lines") or [])]
+    if confirm_success and phase == "none" and confirm.log_shows_success(command.get("engine"), lines):
+        confirm.confirm(command, bundle.get("host"), bundle.get("devices"), server=server, token=token)
 
 
 def _known(diagnosis: dict, bundle: dict) -> list[dict]:
@@ -81,21 +100,37 @@ def _upload(bundle: dict, path, server: str | None, token: str | None, err: bool
     except Exception:  # noqa: BLE001
         pass
     click.echo(describe_answer(answer), err=err)
+    send_pending_outcomes(bundle["id"], server, token)
     return 0
+
+
+def send_pending_outcomes(bundle_id: str, server: str | None, token: str | None) -> None:
+    """After an upload: the outcomes recorded for this bundle that waited for it go to the server too."""
+    from kvreport import confirm, record
+
+    opened = record.open_record(create=False)
+    if opened is None:
+        return
+    with opened as conn:
+        confirm.send_pending(conn, bundle_id, server=server, token=token,
+                             echo=lambda text: click.echo(text, err=True))
 
 
 def finish(bundle: dict, *, output: str | None = None, upload: bool = False, server: str | None = None,
            token: str | None = None, show: bool = False, yes: bool = False, as_json: bool = False,
-           interactive: bool | None = None) -> int:
+           interactive: bool | None = None, confirm_success: bool = True) -> int:
     """Print the summary and diagnosis, write ``bundle`` atomically, upload it if asked.
 
+    A memory failure is remembered in the local record; a log of a run that worked confirms the
+    fix of an earlier failure (``confirm_success``; ``kvreport run`` confirms while it runs instead).
     Human lines go to stderr when ``as_json`` (stdout then holds only the diagnosis JSON).
     Returns 0, or the :class:`UploadError` exit status when an upload failed (the file stays).
     """
-    _print_diagnosis(bundle, show, as_json)
+    diagnosis = _print_diagnosis(bundle, show, as_json)
     path = write_bundle(bundle, output)
     click.echo(redaction_summary(bundle), err=True)
     click.echo(f"wrote {path}", err=True)
+    _follow_up(bundle, diagnosis, confirm_success=confirm_success, server=server, token=token)
     if not upload or not _confirmed(bundle, path, server, yes, interactive):
         return 0
     return _upload(bundle, path, server, token, err=as_json)

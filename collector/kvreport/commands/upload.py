@@ -42,4 +42,7 @@ def cli_upload(path: str, server: str | None, token: str | None, as_json: bool =
         click.echo(json.dumps(answer, indent=1, ensure_ascii=False))
     else:
         click.echo(describe_answer(answer))
+    from kvreport.commands.collect import send_pending_outcomes
+
+    send_pending_outcomes(bundle["id"], server, token)
     return 0

@@ -27,9 +27,12 @@ def init_api(app: Flask) -> Api:
     })
     api = KvreportApi(app)
     from kvreport.bundle import BundleSchema
+    from kvreport_server.schemas import OutcomeSchema
 
     if "Bundle" not in api.spec.components.schemas:
         api.spec.components.schema("Bundle", schema=BundleSchema)
+    if "Outcome" not in api.spec.components.schemas:
+        api.spec.components.schema("Outcome", schema=OutcomeSchema)
     api.register_blueprint(bundles.blp)
     api.register_blueprint(clusters.blp)
     api.register_blueprint(known.blp)

@@ -14,7 +14,12 @@ from kvreport_server.db import get_db, get_session
 from kvreport_server.errors import ApiError
 from kvreport_server.models import Bundle, Cluster
 from kvreport_server.queries import iso
-from kvreport_server.schemas import BundleResponseSchema, DeletedSchema, UploadResponseSchema
+from kvreport_server.schemas import (
+    BundleResponseSchema,
+    DeletedSchema,
+    OutcomeResponseSchema,
+    UploadResponseSchema,
+)
 from kvreport_server.urls import bundle_url
 
 blp = Blueprint("bundles", __name__, url_prefix="/api/v1", description="Bundles: upload and read")
@@ -71,7 +76,7 @@ def _first_problem(exc) -> tuple[str | None, str]:
 
 
 def bundle_response(row: Bundle, cluster: Cluster) -> dict:
-    return {"id": row.id, "url": bundle_url(row.id), "cluster": cluster_ref(cluster),
+    return {"id": row.id, "url": bundle_url(row.id), "cluster": cluster_ref(cluster, get_session()),
             "received_at": iso(row.received_at), "analyzer_version": row.analyzer_version,
             "bundle": row.data, "diagnosis": row.diagnosis}
 
@@ -97,7 +102,7 @@ class Bundles(MethodView):
         result = store.ingest(get_db(), bundle, size_bytes=size, token_id=token.id,
                               flagged=[f"{p} ({k})" for p, k in flagged])
         answer = {"id": result.bundle_id, "url": bundle_url(result.bundle_id),
-                  "cluster": cluster_ref(result.cluster), "diagnosis": result.diagnosis}
+                  "cluster": cluster_ref(result.cluster, get_session()), "diagnosis": result.diagnosis}
         if flagged:
             answer["flagged_secrets"] = sorted({p for p, _k in flagged})
         headers = {"Location": bundle_url(result.bundle_id)}
@@ -125,3 +130,44 @@ class BundleItem(MethodView):
         if not is_bundle_id(bundle_id) or not store.delete_bundle(get_db(), bundle_id):
             raise ApiError(404, f"no bundle {bundle_id[:40]}", code="not_found")
         return {"id": bundle_id, "deleted": True}
+
+
+OUTCOME_BODY = {
+    "required": True,
+    "description": "what worked after this bundle's failure on the same machine (kvreport run / collect)",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Outcome"}}},
+}
+
+
+@blp.route("/bundles/<string:bundle_id>/outcomes")
+class BundleOutcomes(MethodView):
+    @blp.doc(security=[{"bearerAuth": []}], requestBody=OUTCOME_BODY,
+             description="Store an outcome of a failed bundle (a later run that worked: the salted machine hash, "
+                         "the change and its suggestion ids); idempotent on its id (201 new, 200 same content, "
+                         "409 different). The reply's cluster says what worked here.")
+    @blp.response(201, OutcomeResponseSchema)
+    @blp.alt_response(200, schema=OutcomeResponseSchema, description="already stored with the same content")
+    @error_responses(blp, 400, 401, 403, 404, 409, 413, 415, 422, 429)
+    def post(self, bundle_id: str):
+        from kvreport_server import outcomes
+
+        token = auth.require_scope("upload")
+        if not is_bundle_id(bundle_id):
+            raise ApiError(404, f"no bundle {bundle_id[:40]}", code="not_found")
+        ctype = (request.mimetype or "").lower()
+        if ctype not in ("application/json", "") and not ctype.endswith("+json"):
+            raise ApiError(415, f"Content-Type must be application/json, not {ctype}", code="unsupported_media_type")
+        cfg = current_app.config
+        body = limits.read_body(request, min(cfg["MAX_BODY_BYTES"], 65536), min(cfg["MAX_JSON_BYTES"], 65536))
+        data = limits.parse_json(body, max_nodes=2000, max_depth=6, max_items=64, max_string=cfg["MAX_STRING_CHARS"])
+        if isinstance(data, dict) and isinstance(data.get("change"), dict):
+            # flag names are free-form keys (OpenAPI 3.0 cannot state a pattern for them): cleaned like a
+            # bundle's keys (no NUL, no lone surrogates); values are checked, not cleaned
+            data["change"] = {limits._clean_str(k): v for k, v in data["change"].items()}
+        outcome = outcomes.load_outcome(data)
+        outcomes.check_secrets(outcome)
+        status, cluster_id = outcomes.store(get_db(), bundle_id, outcome, token_id=token.id)
+        session = get_session()
+        answer = {"id": outcome["id"], "bundle_id": bundle_id, "url": bundle_url(bundle_id),
+                  "cluster": cluster_ref(session.get(Cluster, cluster_id), session)}
+        return answer, status

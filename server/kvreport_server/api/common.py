@@ -19,7 +19,15 @@ def error_responses(blp, *codes: int):
     return deco
 
 
-def cluster_ref(c: Cluster) -> dict:
+def cluster_ref(c: Cluster, session=None) -> dict:
+    """A cluster as the bundle and outcome replies name it; with a ``session`` also ``what_worked``
+    (:func:`kvreport_server.outcomes.what_worked`: what confirmed outcomes say worked for others)."""
     d = cluster_dict(c)
-    return {"id": d["id"], "key": d["key"], "title": d["title"], "count": d["count"], "status": d["status"],
-            "known_fix": d["known_fix"], "issue_url": d["issue_url"], "url": cluster_url(c.id)}
+    ref = {"id": d["id"], "key": d["key"], "title": d["title"], "count": d["count"], "status": d["status"],
+           "known_fix": d["known_fix"], "issue_url": d["issue_url"], "url": cluster_url(c.id)}
+    if session is not None:
+        from kvreport_server.outcomes import what_worked
+
+        # the cluster as committed (an upload's row predates its distinct-machine count)
+        ref["what_worked"] = what_worked(session, session.get(Cluster, c.id) or c)
+    return ref
