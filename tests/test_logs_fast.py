@@ -80,23 +80,23 @@ def test_runs_seen_before_are_counted_from_memory_not_parsed_again(crash_loop):
 
 
 def test_memory_does_not_grow_with_the_failures_in_the_log(tmp_path):
-    one = (CASE_DIR / "loc-17-fail-huge-ctx-verbose" / "log.txt").read_bytes()
+    one = (CASE_DIR / "loc-21-fail-ulimit-kv-600000" / "log.txt").read_bytes()
     single = parse_log(one.split(b"\n"))
     many = tmp_path / "many.log"
-    many.write_bytes((one.rstrip(b"\n") + b"\n") * 300)
+    many.write_bytes((one.rstrip(b"\n") + b"\n") * 120)
     for f in [_line_by_line(many)] + [_fast(many, b) for b in BACKENDS]:
-        assert f.runs == 300 and sum(f.repeats.values()) == 299 and len(f.repeats) == 1
+        assert f.runs == 120 and sum(f.repeats.values()) == 119 and len(f.repeats) == 1
         assert len(f.events) == len(single.events) and len(f.kv_caches) == len(single.kv_caches)
         assert [e["line"] for e in f.events] == [e["line"] for e in single.events]
         d = diagnose(f, {})
         assert d["failure"] == {**diagnose(single, {})["failure"]}
         rep = [x for x in d["findings"] if x["kind"] == "repeated_failure"]
-        assert rep and "repeated 300 times" in rep[0]["text"]
+        assert rep and "repeated 120 times" in rep[0]["text"]
     assert single.runs == 1 and not single.repeats
 
 
 def test_the_failed_run_is_diagnosed_when_a_later_run_did_not_fail():
-    fail = (CASE_DIR / "loc-17-fail-huge-ctx-verbose" / "log.txt").read_bytes()
+    fail = (CASE_DIR / "loc-21-fail-ulimit-kv-600000" / "log.txt").read_bytes()
     ok = (CASE_DIR / "loc-02-success-c4096-verbose" / "log.txt").read_bytes()
     f = parse_log((fail + fail + ok).split(b"\n"))
     only = parse_log(fail.split(b"\n"))
