@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT / "collector"), str(ROOT)]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "collector"), str(ROOT)]), "LC_ALL": "C"}
 
 FILLER = [
@@ -167,8 +167,9 @@ def bench_one(name: str, path: Path, size: int, args) -> None:
               f"peak RSS under 100 MB ({'met' if r['rss_mib'] * 1.048576 < 100 else 'NOT met'})")
     for backend in args.backends:
         for memo in ((True, False) if backend != "grep" else (True,)):
-            if backend == "python" and mb > 300 and not args.python:
-                continue
+            slow = backend == "python" or not memo or (backend == "grep" and name == "cases")
+            if slow and mb > 300 and not args.slow:
+                continue  # minutes per run: --slow
             r = best_of([sys.executable, "-c", CHILD, str(path), backend, "1" if memo else "0"], args.repeat)
             try:
                 info = json.loads(r["out"])
@@ -186,7 +187,9 @@ def main() -> int:
     ap.add_argument("--logs", default="filler,cases")
     ap.add_argument("--backends", default="hyperscan,grep,python",
                     help="prefilter backends to time one by one (kvreport.logs.scan)")
-    ap.add_argument("--python", action="store_true", help="also time the pure-Python backend above 300 MB (slow)")
+    ap.add_argument("--slow", action="store_true",
+                    help="above 300 MB, also time what parses every key line (the Python backend, runs not "
+                         "remembered, grep on the crash-loop log): minutes each")
     ap.add_argument("--grep-pattern", default="failed to allocate")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each command (the fastest is shown)")
     ap.add_argument("--keep", help="write the logs into this folder and keep them")

@@ -67,16 +67,18 @@ def test_a_crash_loop_gives_the_line_by_line_diagnosis_on_every_backend(crash_lo
 
 
 def test_runs_seen_before_are_counted_from_memory_not_parsed_again(crash_loop):
-    for backend in [b for b in BACKENDS if b != "grep"]:
+    ref = _line_by_line(crash_loop)
+    forks = (False, True) if hasattr(os, "fork") else (False,)
+    for backend, fork in [(b, k) for b in BACKENDS if b != "grep" for k in forks]:
         f = LogFacts()
         with open(crash_loop, "rb") as fh:
             nl, hits, _failed = scan.parse_runs(f, fh.fileno(), os.path.getsize(crash_loop), scan.scanner(backend),
-                                                _feed_one, _is_start_raw)
-        ref = _line_by_line(crash_loop)
+                                                _feed_one, _is_start_raw, fork=fork)
         assert nl == ref.line_count - 1  # the last line has no newline
         # the 2nd and 3rd repetitions are made of runs the 1st one parsed
-        assert hits >= 2 * (ref.runs // 3) - 4, (backend, hits, ref.runs)
-        assert f.repeats == ref.repeats
+        assert hits >= 2 * (ref.runs // 3) - 4, (backend, fork, hits, ref.runs)
+        assert f.repeats == ref.repeats and f.key_line_count == ref.key_line_count, (backend, fork)
+        assert f.events == ref.events, (backend, fork)
 
 
 def test_memory_does_not_grow_with_the_failures_in_the_log(tmp_path):

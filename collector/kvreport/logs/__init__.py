@@ -256,8 +256,7 @@ def parse_file(path, use_grep: bool = True, workers: int | None = None, backend:
 
 def _is_start_raw(raw: bytes) -> bool:
     """:func:`kvreport.logs.runs.is_run_start` for a raw line, as :func:`_feed_one` tests it."""
-    line = clean_line(raw)
-    return bool(line) and _KEY.search(line) is not None and is_run_start(line)
+    return is_run_start(clean_line(raw))  # its literals are keywords: a run start is a key line
 
 
 def _scan(f: LogFacts, body: bytes, lineno: int) -> int:

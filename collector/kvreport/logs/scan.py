@@ -24,10 +24,12 @@ case); memory is a few blocks plus at most :data:`MEMO_MAX` remembered runs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
 import shutil
+import struct
 import subprocess
 import threading
 
@@ -45,13 +47,15 @@ _MAX_LINE = 64 << 20
 
 
 def _blocks(fd: int, start: int, end: int):
-    """``(offset, bytes)`` of ``[start, end)`` in blocks of whole lines (the last one may end without a newline)."""
+    """``(offset, bytes, n)`` for ``[start, end)`` in blocks of whole lines: the block is ``data[:n]`` (``data`` may
+    run on past the last newline; not cutting it saves a copy). The last block may end without a newline."""
     pos = start
     while pos < end:
         data = os.pread(fd, min(BLOCK, end - pos), pos)
         if not data:
             return
-        if pos + len(data) < end:
+        n = len(data)
+        if pos + n < end:
             cut = data.rfind(b"\n")
             while cut < 0 and pos + len(data) < end and len(data) < _MAX_LINE:
                 more = os.pread(fd, min(BLOCK, end - pos - len(data)), pos + len(data))
@@ -60,23 +64,22 @@ def _blocks(fd: int, start: int, end: int):
                 i = more.find(b"\n")
                 data += more if i < 0 else more[: i + 1]
                 cut = len(data) - 1 if i >= 0 else -1
-            if cut >= 0:
-                data = data[: cut + 1]
-        yield pos, data
-        pos += len(data)
+            n = cut + 1 if cut >= 0 else len(data)
+        yield pos, data, n
+        pos += n
 
 
-def _spans_from_ends(data: bytes, ends) -> list[tuple[int, int]]:
-    """``(start, stop)`` of each line of ``data`` holding a match ending at one of ``ends`` (ascending, unique;
-    ``stop`` is the newline's index or ``len(data)``)."""
+def _spans_from_ends(data: bytes, n: int, ends) -> list[tuple[int, int]]:
+    """``(start, stop)`` of each line of ``data[:n]`` holding a match ending at one of ``ends`` (ascending, unique;
+    ``stop`` is the newline's index or ``n``)."""
     out: list[tuple[int, int]] = []
     last = -1
-    rfind, find, n = data.rfind, data.find, len(data)
+    rfind, find = data.rfind, data.find
     for e in sorted(ends):
         if e <= last:
             continue
-        s = rfind(b"\n", 0, e - 1) + 1 if e > 0 else 0
-        stop = find(b"\n", e - 1) if e > 0 else find(b"\n")
+        s = rfind(b"\n", 0, e - 1) + 1
+        stop = find(b"\n", e - 1, n)
         stop = n if stop < 0 else stop
         out.append((s, stop))
         last = stop
@@ -89,16 +92,16 @@ class _RegexSpans:
     def __init__(self, literals):
         self.rx = re.compile(b"|".join(re.escape(k.encode()) for k in sorted(literals, key=len, reverse=True)))
 
-    def __call__(self, data: bytes) -> list[tuple[int, int]]:
+    def __call__(self, data: bytes, n: int) -> list[tuple[int, int]]:
         out = []
-        search, rfind, find, n = self.rx.search, data.rfind, data.find, len(data)
+        search, rfind, find = self.rx.search, data.rfind, data.find
         pos = 0
         while True:
-            m = search(data, pos)
+            m = search(data, pos, n)
             if m is None:
                 return out
             s = rfind(b"\n", 0, m.start()) + 1
-            stop = find(b"\n", m.end())
+            stop = find(b"\n", m.end(), n)
             stop = n if stop < 0 else stop
             out.append((s, stop))
             pos = stop + 1
@@ -116,15 +119,15 @@ class _HyperscanSpans:
         self.db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
         self.db.compile(expressions=lits, ids=list(range(len(lits))), elements=len(lits), flags=0, literal=True)
 
-    def __call__(self, data: bytes) -> list[tuple[int, int]]:
+    def __call__(self, data: bytes, n: int) -> list[tuple[int, int]]:
         ends: list[int] = []
         add = ends.append
 
         def on_match(_id, _frm, to, _flags, _ctx):
             add(to)
 
-        self.db.scan(data, match_event_handler=on_match)
-        return _spans_from_ends(data, ends)
+        self.db.scan(memoryview(data)[:n] if n < len(data) else data, match_event_handler=on_match)
+        return _spans_from_ends(data, n, ends)
 
 
 def _have_hyperscan() -> bool:
@@ -157,14 +160,14 @@ class Scanner:
         ``nl`` newlines lie before it) and return the newlines before ``end``. Raises OSError."""
         if self.backend == "grep":
             return _grep_range(fd, start, end, nl, feed)
-        for _off, data in _blocks(fd, start, end):
+        for _off, data, n in _blocks(fd, start, end):
             pos = 0
             count = data.count
-            for s, stop in self.key_spans(data):
+            for s, stop in self.key_spans(data, n):
                 nl += count(b"\n", pos, s)
                 feed(nl + 1, data[s:stop])
                 pos = s
-            nl += count(b"\n", pos)
+            nl += count(b"\n", pos, n)
         return nl
 
 
@@ -183,9 +186,9 @@ def _grep_range(fd: int, start: int, end: int, nl: int, feed) -> int:
 
         def pump() -> None:
             try:
-                for _off, data in _blocks(fd, start, end):
-                    newlines[0] += data.count(b"\n")
-                    proc.stdin.write(data)
+                for _off, data, n in _blocks(fd, start, end):
+                    newlines[0] += data.count(b"\n", 0, n)
+                    proc.stdin.write(memoryview(data)[:n])
             except (OSError, ValueError) as exc:  # a broken pipe: grep died
                 errors.append(exc)
             finally:
@@ -217,25 +220,23 @@ class _SegHash:
     def __init__(self):
         self.h = 0
         self.n = 0
-        self.carry = b""
+        self.carry = b""  # the piece begun (bytes, or a read-only memoryview of the block: hashed alike, no copy)
 
     def update(self, mv: memoryview) -> None:
         size = len(mv)
         self.n += size
         i = 0
-        if self.carry:
+        if len(self.carry):
             need = PIECE - len(self.carry)
             if size < need:
-                self.carry += mv.tobytes()
+                self.carry = bytes(self.carry) + mv.tobytes()
                 return
-            self.h = hash((self.h, hash(self.carry + mv[:need].tobytes())))
-            self.carry = b""
+            self.h = hash((self.h, hash(bytes(self.carry) + mv[:need].tobytes())))
             i = need
         while size - i >= PIECE:
             self.h = hash((self.h, hash(mv[i:i + PIECE])))
             i += PIECE
-        if i < size:
-            self.carry = mv[i:].tobytes()
+        self.carry = mv[i:] if i < size else b""
 
     def digest(self) -> int:
         return hash((self.h, hash(self.carry), self.n))
@@ -306,26 +307,86 @@ class _Runs:
         self.run_keys = self.f.key_line_count
 
 
-def parse_runs(f, fd: int, size: int, scanner: Scanner, feed_one, is_start):
-    """Fill ``f`` from the file ``fd`` of ``size`` bytes (see the module doc). ``is_start(raw)`` confirms a run-start
-    candidate line. Returns (newlines, memo hits, the facts of the last failed run when it was counted from memory
-    and the last run did not fail, else None) — the last for :meth:`LogFacts.finish_runs`. Raises OSError."""
-    runs = _Runs(f, fd, scanner, feed_one)
+def _segments(fd: int, size: int, spans, is_start):
+    """``(start, end, digest)`` of every segment of the file: cut before each confirmed run-start line; the last one
+    ends at ``size``."""
     seg_start = 0
     h = _SegHash()
-    spans = scanner.start_spans
-    for off, data in _blocks(fd, 0, size):
-        mv = memoryview(data)
+    for off, data, n in _blocks(fd, 0, size):
+        mv = memoryview(data)[:n]
         pos = 0
-        for s, stop in spans(data):
+        for s, stop in spans(data, n):
             if off + s == seg_start or not is_start(data[s:stop]):
                 continue
             h.update(mv[pos:s])
-            runs.segment(seg_start, off + s, h.digest(), last=False)
+            yield seg_start, off + s, h.digest()
             h = _SegHash()
             pos, seg_start = s, off + s
         h.update(mv[pos:])
-    runs.segment(seg_start, size, h.digest(), last=True)
+    yield seg_start, size, h.digest()
+
+
+_REC = struct.Struct("<qqq")
+FORK_MIN = 64 << 20
+"""From this size on (and where ``os.fork`` exists, with more than one CPU) the segments are found and hashed by a
+child process while this one parses: the two halves of the work run on two cores."""
+
+
+def _segments_forked(fd: int, size: int, spans, is_start):
+    """:func:`_segments` computed by a forked child and read from a pipe (same hash seed: the child is a fork).
+    Raises OSError when the child fails."""
+    r, w = os.pipe()
+    with contextlib.suppress(AttributeError, OSError):
+        import fcntl
+
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)  # ~40,000 segments ahead
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child (its coverage is not collected)
+        code = 1
+        try:
+            os.close(r)
+            with os.fdopen(w, "wb", buffering=1 << 16) as out:
+                count = 0
+                for rec in _segments(fd, size, spans, is_start):
+                    out.write(_REC.pack(*rec))
+                    count += 1
+                out.write(_REC.pack(-1, count, 0))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    done = False
+    try:
+        with os.fdopen(r, "rb", buffering=1 << 16) as inp:
+            while True:
+                rec = inp.read(_REC.size)
+                if len(rec) < _REC.size:
+                    break
+                start, end, digest = _REC.unpack(rec)
+                if start == -1:
+                    done = True
+                    break
+                yield start, end, digest
+    finally:
+        if not done:
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+        _pid, status = os.waitpid(pid, 0)
+    if not done or status != 0:
+        raise OSError("the segment reader stopped")
+
+
+def parse_runs(f, fd: int, size: int, scanner: Scanner, feed_one, is_start, fork: bool | None = None):
+    """Fill ``f`` from the file ``fd`` of ``size`` bytes (see the module doc). ``is_start(raw)`` confirms a run-start
+    candidate line; ``fork`` (default: from :data:`FORK_MIN` up, where it can) reads the segments in a child
+    process. Returns (newlines, memo hits, the facts of the last failed run when it was counted from memory and the
+    last run did not fail, else None) — the last for :meth:`LogFacts.finish_runs`. Raises OSError."""
+    if fork is None:
+        fork = size >= FORK_MIN and hasattr(os, "fork") and (os.cpu_count() or 1) > 1
+    runs = _Runs(f, fd, scanner, feed_one)
+    segments = (_segments_forked if fork else _segments)(fd, size, scanner.start_spans, is_start)
+    for start, end, digest in segments:
+        runs.segment(start, end, digest, last=end == size)
     failed_run = None
     if runs.failed_range is not None and f.last_failed is None and not f.run_failed():
         failed_run = type(f)()
