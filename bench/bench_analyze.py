@@ -191,7 +191,8 @@ def main() -> int:
                     help="above 300 MB, also time what parses every key line (the Python backend, runs not "
                          "remembered, grep on the crash-loop log): minutes each")
     ap.add_argument("--grep-pattern", default="failed to allocate")
-    ap.add_argument("--repeat", type=int, default=1, help="runs of each command (the fastest is shown)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each command, baselines included (the fastest "
+                    "is shown: the machine is shared)")
     ap.add_argument("--keep", help="write the logs into this folder and keep them")
     args = ap.parse_args()
     from kvreport.logs import scan

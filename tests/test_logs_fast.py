@@ -13,8 +13,17 @@ import shutil
 import pytest
 
 from kvreport.analyze import diagnose
-from kvreport.logs import KEYWORDS, LogFacts, _feed_one, _is_start_raw, clean_line, is_key_line, parse_file, parse_log
-from kvreport.logs import scan
+from kvreport.logs import (
+    KEYWORDS,
+    LogFacts,
+    _feed_one,
+    _is_start_raw,
+    clean_line,
+    is_key_line,
+    parse_file,
+    parse_log,
+    scan,
+)
 from kvreport.logs.facts import Bounded, CappedDict
 from kvreport.logs.runs import LITERALS, RUN_STARTS, is_run_start
 from tests.paths import CASE_DIR, CORPUS_DIR

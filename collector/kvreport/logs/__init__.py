@@ -227,8 +227,8 @@ def parse_stream(fileobj, chunk_bytes: int = 8 << 20) -> LogFacts:
 def parse_file(path, use_grep: bool = True, workers: int | None = None, backend: str | None = None) -> LogFacts:
     """The facts of a log file on disk, as :func:`parse_log` gives them, at near the speed of ``grep``.
 
-    ``backend`` (:mod:`kvreport.logs.scan`): ``"hyperscan"`` (the default when it imports), ``"grep"`` (the default
-    without it), ``"python"`` (``use_grep=False``, or no grep). Every backend selects the same lines (any of
+    ``backend`` (:mod:`kvreport.logs.scan`): ``"hyperscan"`` (the default when it imports, from 16 MiB up),
+    ``"grep"`` (the default otherwise), ``"python"`` (``use_grep=False``, or no grep). Every backend selects the same lines (any of
     :data:`KEYWORDS` in the raw bytes); hyperscan and Python also parse each distinct run of a crash-looping log once
     (:func:`kvreport.logs.scan.parse_runs`). The grep path is one ``grep -a -n -E`` process whose output is read as it
     comes (``workers`` is accepted for compatibility and ignored: ranges read in parallel had to hold every range's
@@ -236,10 +236,10 @@ def parse_file(path, use_grep: bool = True, workers: int | None = None, backend:
     """
     from kvreport.logs import scan
 
-    backend = (backend or scan.best_backend()) if use_grep else "python"
     with open(path, "rb") as fh:
         fd = fh.fileno()
         size = os.fstat(fd).st_size
+        backend = (backend or scan.best_backend(size)) if use_grep else "python"
         f = LogFacts()
         failed_run = None
         nl = None

@@ -138,9 +138,15 @@ def _have_hyperscan() -> bool:
     return True
 
 
-def best_backend() -> str:
-    """``"hyperscan"`` when it imports, else ``"grep"`` when there is one, else ``"python"``."""
-    if _have_hyperscan():
+HYPERSCAN_MIN = 16 << 20
+"""Below this many bytes grep is used even when hyperscan is installed: compiling the keyword database takes about
+0.1 s, more than grep takes over such a file."""
+
+
+def best_backend(size: int | None = None) -> str:
+    """``"hyperscan"`` when it imports (and the file has at least :data:`HYPERSCAN_MIN` bytes, when ``size`` is
+    given), else ``"grep"`` when there is one, else ``"python"``."""
+    if (size is None or size >= HYPERSCAN_MIN) and _have_hyperscan():
         return "hyperscan"
     return "grep" if shutil.which("grep") else "python"
 
@@ -312,11 +318,22 @@ def _segments(fd: int, size: int, spans, is_start):
     ends at ``size``."""
     seg_start = 0
     h = _SegHash()
+    seen: dict[bytes, bool] = {}  # the same candidate lines come back in a crash loop: confirm each once
     for off, data, n in _blocks(fd, 0, size):
         mv = memoryview(data)[:n]
         pos = 0
         for s, stop in spans(data, n):
-            if off + s == seg_start or not is_start(data[s:stop]):
+            if off + s == seg_start:
+                continue
+            raw = data[s:stop]
+            ok = seen.get(raw)
+            if ok is None:
+                ok = is_start(raw)
+                if len(raw) < 4096:
+                    if len(seen) >= 4096:
+                        seen.clear()
+                    seen[raw] = ok
+            if not ok:
                 continue
             h.update(mv[pos:s])
             yield seg_start, off + s, h.digest()
