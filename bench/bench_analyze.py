@@ -1,31 +1,39 @@
-"""Benchmark: analyze a large log in one streaming pass, next to `grep -c` on the same file.
+"""Benchmark: ``kvreport analyze`` on big logs, next to ``grep -c`` on the same file in the same run.
 
-Builds a log of ``--size-mb`` MB (default 200; ``--size-mb 1000`` for the 1 GB run) from the real
-case logs under ../shared/cases: every case log once, then the non-key lines of a realistic
-server run (slot / request chatter, progress dots) as filler between repeated failure logs, so
-the file looks like a llama-server that ran for days and then failed. It then runs
-``kvreport.logs.parse_stream`` + ``kvreport.analyze.diagnose`` on it, and ``grep -c <pattern>`` on
-the same file, and prints MB/s, the ratio to grep, and peak memory (tracemalloc for Python
-allocations, ru_maxrss for the process).
+Two logs, each at every ``--sizes`` (MB; default 100 and 1000), written under a temporary folder and deleted after:
 
-    .venv/bin/python bench/bench_analyze.py [--size-mb 200] [--keep PATH]
+* ``filler``: the llama.cpp case logs (tests/data/cases/loc-*) once, then a realistic server's non-key chatter (slot
+  / request lines) with one of those logs after every 50 blocks of it — a llama-server that ran for days (97 % of
+  the lines are filler);
+* ``cases``: every real case log (tests/data/cases/*/log.txt and tests/data/corpus/*/log.txt) end to end, repeated
+  until the size is reached — the journal of a crash-looping service, where most lines are key lines and the log
+  holds thousands of failures.
+
+Every analysis runs in its own process (the whole ``kvreport analyze --json`` command, and the parse alone with
+each prefilter backend), timed by wall clock, CPU (user+system, children included) and peak RSS (``ru_maxrss`` of
+that process from ``os.wait4``). Baselines from the same run: ``grep -c '<one pattern>'`` and ``grep -c -E`` with
+the analyzer's own keyword alternation. The load average is printed beside each log (2 shared cores here: ratios
+move with it).
+
+    .venv/bin/python bench/bench_analyze.py [--sizes 100,1000] [--logs filler,cases] [--backends hyperscan,grep]
+                                            [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT / "collector"), str(ROOT)]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "collector"), str(ROOT)]), "LC_ALL": "C"}
 
 FILLER = [
     "0.12.345.678 I slot update_slots: id  0 | task 1234 | prompt processing progress, n_tokens = 512, batch.n_tokens = 512, progress = 0.5\n",
@@ -37,119 +45,175 @@ FILLER = [
 ]
 
 
+def _with_newline(data: bytes) -> bytes:
+    return data if data.endswith(b"\n") else data + b"\n"
+
+
 def build_log(path: Path, size_mb: int) -> tuple[int, int]:
+    """The filler-heavy log (see the module doc); returns (bytes written, case logs inserted)."""
     from tests.paths import case_dirs
 
-    # llama.cpp's own complete logs (the loc-* runs): one engine, as a real long-running server
-    logs = [(c / "log.txt").read_bytes() for c in case_dirs() if c.name.startswith("loc-")]
+    logs = [_with_newline((c / "log.txt").read_bytes()) for c in case_dirs() if c.name.startswith("loc-")]
     filler = "".join(FILLER).encode() * 200
     target = size_mb * 1_000_000
     written = 0
     n_case = 0
     with open(path, "wb") as out:
         for lg in logs:
-            out.write(lg if lg.endswith(b"\n") else lg + b"\n")
-            written += len(lg) + 1
+            out.write(lg)
+            written += len(lg)
         i = 0
         while written < target:
             out.write(filler)
             written += len(filler)
             if i % 50 == 0:
                 lg = logs[n_case % len(logs)]
-                out.write(lg if lg.endswith(b"\n") else lg + b"\n")
-                written += len(lg) + 1
+                out.write(lg)
+                written += len(lg)
                 n_case += 1
             i += 1
     return written, n_case
 
 
+def build_cases_log(path: Path, size_mb: int) -> tuple[int, int]:
+    """Every real case log end to end, repeated up to ``size_mb`` MB; returns (bytes written, repetitions)."""
+    from tests.paths import CASE_DIR, CORPUS_DIR
+
+    logs = sorted(CASE_DIR.glob("*/log.txt")) + sorted(CORPUS_DIR.glob("*/log.txt"))
+    blob = b"".join(_with_newline(p.read_bytes()) for p in logs)
+    target = size_mb * 1_000_000
+    written = reps = 0
+    with open(path, "wb") as out:
+        while written < target:
+            out.write(blob)
+            written += len(blob)
+            reps += 1
+    return written, reps
+
+
+CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+from kvreport.logs import parse_file, scan
+from kvreport.analyze import diagnose
+path, backend, memo = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+if not memo:
+    scan.MEMO_MAX = 0
+f = parse_file(path, backend=backend, use_grep=backend != "python")
+d = diagnose(f, {})
+print(json.dumps({"lines": f.line_count, "key_lines": f.key_line_count, "runs": f.runs,
+                  "key": d["signature"]["key"], "findings": [x["kind"] for x in d["findings"]]}))
+"""
+
+
+def measure_wait4(argv: list[str]) -> dict:
+    """Run ``argv`` once and reap it with ``os.wait4``: wall, CPU (user+system of it and its reaped children) and
+    its own peak RSS in MiB."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, env=ENV)
+        _pid, status, ru = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return {"wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "rss_mib": ru.ru_maxrss / 1024.0,
+                "rc": proc.returncode, "out": out.read().decode("utf-8", "replace"),
+                "err": err.read().decode("utf-8", "replace")[-500:]}
+
+
+def best_of(argv: list[str], n: int) -> dict:
+    runs = [measure_wait4(argv) for _ in range(n)]
+    best = min(runs, key=lambda r: r["wall"])
+    best["rss_mib"] = max(r["rss_mib"] for r in runs)
+    return best
+
+
+def bench_one(name: str, path: Path, size: int, args) -> None:
+    grep = shutil.which("grep")
+    mb = size / 1e6
+    with open(path, "rb") as fh:  # warm the page cache for every contender
+        while fh.read(16 << 20):
+            pass
+    print(f"\n== {name} log: {mb:.0f} MB  (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
+    t_grep = None
+    if grep:
+        r = best_of([grep, "-c", args.grep_pattern, str(path)], args.repeat)
+        t_grep = r["wall"]
+        print(f"  grep -c '{args.grep_pattern}': {r['out'].strip()} lines, {t_grep:.2f} s ({mb / t_grep:.0f} MB/s)")
+        from kvreport.logs import grep_pattern_file
+
+        with grep_pattern_file("-E") as kw:
+            r = best_of([grep, "-c", "-a", "-E", "-f", kw, str(path)], args.repeat)
+        print(f"  grep -c -E <the analyzer's keyword alternation>: {r['out'].strip()} lines, {r['wall']:.2f} s "
+              f"({mb / r['wall']:.0f} MB/s)")
+
+    def line(label: str, r: dict, extra: str = "") -> None:
+        ratio = f", {r['wall'] / t_grep:.1f}x grep -c" if t_grep else ""
+        print(f"  {label}: {r['wall']:.2f} s wall, {r['cpu']:.2f} s CPU ({mb / r['wall']:.0f} MB/s{ratio}), "
+              f"peak RSS {r['rss_mib']:.0f} MiB{extra}" + ("" if r["rc"] in (0, 1) else f"  FAILED rc={r['rc']} "
+                                                           f"{r['err']}"))
+
+    r = best_of([sys.executable, "-c", "import sys; from kvreport.cli import main; sys.exit(main())", "analyze",
+                 str(path), "--json"], args.repeat)
+    try:
+        d = json.loads(r["out"])
+        extra = f"; key={d['signature']['key']} findings={[x['kind'] for x in d['findings']][-3:]}"
+    except ValueError:
+        extra = ""
+    line("kvreport analyze --json (default backend)", r, extra)
+    if t_grep:
+        print(f"    goal: within 5x of grep -c ({'met' if r['wall'] <= 5 * t_grep else 'NOT met'}), "
+              f"peak RSS under 100 MB ({'met' if r['rss_mib'] * 1.048576 < 100 else 'NOT met'})")
+    for backend in args.backends:
+        for memo in ((True, False) if backend != "grep" else (True,)):
+            slow = backend == "python" or not memo or (backend == "grep" and name == "cases")
+            if slow and mb > 300 and not args.slow:
+                continue  # minutes per run: --slow
+            r = best_of([sys.executable, "-c", CHILD, str(path), backend, "1" if memo else "0"], args.repeat)
+            try:
+                info = json.loads(r["out"])
+                extra = f"; {info['lines']:,} lines, {info['key_lines']:,} key lines, {info['runs']} runs"
+            except ValueError:
+                extra = ""
+            label = f"parse_file+diagnose, {backend}" + ("" if backend == "grep" else
+                                                         (", runs remembered" if memo else ", every run parsed"))
+            line(label, r, extra)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size-mb", type=int, default=200)
-    ap.add_argument("--keep", help="write the log here and keep it")
+    ap.add_argument("--sizes", default="100,1000", help="log sizes in MB, comma-separated")
+    ap.add_argument("--logs", default="filler,cases")
+    ap.add_argument("--backends", default="hyperscan,grep,python",
+                    help="prefilter backends to time one by one (kvreport.logs.scan)")
+    ap.add_argument("--slow", action="store_true",
+                    help="above 300 MB, also time what parses every key line (the Python backend, runs not "
+                         "remembered, grep on the crash-loop log): minutes each")
     ap.add_argument("--grep-pattern", default="failed to allocate")
-    ap.add_argument("--python", action="store_true",
-                    help="also time the pure-Python fallback (slow: ~10 MB/s; on by default under 300 MB)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each command, baselines included (the fastest "
+                    "is shown: the machine is shared)")
+    ap.add_argument("--keep", help="write the logs into this folder and keep them")
     args = ap.parse_args()
+    from kvreport.logs import scan
 
-    from kvreport.analyze import diagnose
-    from kvreport.logs import parse_file
-
-    tmpdir = tempfile.mkdtemp(prefix="kvreport-bench-")
-    path = Path(args.keep) if args.keep else Path(tmpdir) / "big.log"
+    have = {"hyperscan": scan._have_hyperscan(), "grep": bool(shutil.which("grep")), "python": True}
+    args.backends = [b for b in args.backends.split(",") if b and have.get(b)]
+    print(f"default prefilter backend here: {scan.best_backend()}; timing: {', '.join(args.backends)}")
+    tmpdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="kvreport-bench-"))
+    tmpdir.mkdir(parents=True, exist_ok=True)
     try:
-        t0 = time.perf_counter()
-        size, _ = build_log(path, args.size_mb)
-        print(f"log: {path} {size / 1e6:.0f} MB built in {time.perf_counter() - t0:.1f} s")
-
-        # warm the page cache for both contenders
-        with open(path, "rb") as fh:
-            while fh.read(16 << 20):
-                pass
-
-        results = {}
-        modes = [("grep -E prefilter, parallel byte ranges", True)]
-        if args.python or args.size_mb < 300:
-            modes.append(("pure Python chunk scan", False))
-        for mode, use_grep in modes:
-            c0 = os.times()
-            t0 = time.perf_counter()
-            facts = parse_file(path, use_grep=use_grep)
-            d = diagnose(facts, {})
-            c1 = os.times()
-            cpu = (c1.user - c0.user) + (c1.system - c0.system) + (c1.children_user - c0.children_user) + \
-                (c1.children_system - c0.children_system)
-            results[mode] = (time.perf_counter() - t0, facts, d, cpu)
-        # peak Python memory of the default path, measured in a separate run (tracemalloc slows it down)
-        tracemalloc.start()
-        parse_file(path)
-        _cur, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-        rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-        grep = shutil.which("grep")
-        t_grep = None
-        if grep:
-            print(f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (the ratios move with it)")
-            t0 = time.perf_counter()
-            r = subprocess.run([grep, "-c", args.grep_pattern, str(path)], capture_output=True, text=True, check=False)
-            t_grep = time.perf_counter() - t0
-            print(f"grep -c '{args.grep_pattern}': {r.stdout.strip()} lines in {t_grep:.2f} s "
-                  f"({size / 1e6 / t_grep:.0f} MB/s)")
-        t_grep_kw = None
-        if grep:
-            from kvreport.logs import KEYWORDS, grep_ere
-
-            kwfile = Path(tmpdir) / "keywords"
-            kwfile.write_text("\n".join(KEYWORDS))
-            t0 = time.perf_counter()
-            r = subprocess.run([grep, "-c", "-a", "-F", "-f", str(kwfile), str(path)], capture_output=True, text=True,
-                               check=False, env={**os.environ, "LC_ALL": "C"})
-            t_f = time.perf_counter() - t0
-            print(f"grep -c -F -f <the {len(KEYWORDS)} key-line keywords>: {r.stdout.strip()} lines in {t_f:.2f} s")
-            ere = Path(tmpdir) / "keywords.ere"
-            ere.write_text(grep_ere() + "\n")
-            t0 = time.perf_counter()
-            r = subprocess.run([grep, "-c", "-a", "-E", "-f", str(ere), str(path)], capture_output=True, text=True,
-                               check=False, env={**os.environ, "LC_ALL": "C"})
-            t_grep_kw = time.perf_counter() - t0
-            print(f"grep -c -E <the same keywords as one alternation> (the selection the analyzer makes): "
-                  f"{r.stdout.strip()} lines in {t_grep_kw:.2f} s")
-        for mode, (t_an, facts, d, cpu) in results.items():
-            print(f"analyze ({mode}): {facts.line_count:,} lines, {facts.key_line_count:,} key lines, {t_an:.2f} s "
-                  f"wall, {cpu:.2f} s CPU incl. grep ({size / 1e6 / t_an:.0f} MB/s); phase={d['failure']['phase']} "
-                  f"key={d['signature']['key']}")
-            if t_grep:
-                print(f"  ratio to grep -c one pattern: {t_an / t_grep:.1f}x (goal: within 5x)")
-            if t_grep_kw:
-                print(f"  ratio to grep -c with the key-line keywords: {t_an / t_grep_kw:.1f}x")
-        print(f"peak Python allocations (tracemalloc): {peak / 2**20:.1f} MiB; process max RSS: {rss_mib:.1f} MiB "
-              "(goal: under 100 MB)")
+        for size_mb in (int(s) for s in args.sizes.split(",") if s):
+            for name in args.logs.split(","):
+                path = tmpdir / f"{name}-{size_mb}mb.log"
+                builder = build_log if name == "filler" else build_cases_log
+                size, _n = builder(path, size_mb)
+                bench_one(name, path, size, args)
+                if not args.keep:
+                    path.unlink()
     finally:
         if not args.keep:
             shutil.rmtree(tmpdir, ignore_errors=True)
-        elif path.exists():
-            print(f"kept {path} ({os.path.getsize(path) / 1e6:.0f} MB)")
     return 0
 
 

@@ -1094,12 +1094,30 @@ class _Diagnosis:
             other = gate["total_mib"] - gate["free_mib"]
             self.finding("other_processes", f"{_fmt(other)} MiB of the {_fmt(gate['total_mib'])} MiB GPU were "
                          "already in use by other processes at start-up")
+        self.repeat_findings()
         devices = self.b.get("devices") if isinstance(self.b.get("devices"), list) else []
         for entry in devices:
             if isinstance(entry, dict) and isinstance(entry.get("processes"), list):
                 names = ", ".join(str(p.get("name")) for p in entry["processes"][:5] if isinstance(p, dict))
                 self.finding("other_processes",
                              f"processes on {entry.get('name') or 'a device'} at collection time: {names}")
+
+    def repeat_findings(self) -> None:
+        """A log of a crash loop: the earlier runs that failed (counted by :meth:`LogFacts.fold`, their facts not
+        kept) — how often this failure repeated, and how many failed another way."""
+        repeats = getattr(self.f, "repeats", None) or {}
+        if not repeats:
+            return
+        key = self.f.run_key()
+        same = repeats.get(key, 0) if key else 0
+        other = sum(repeats.values()) - same
+        if same:
+            self.finding("repeated_failure", f"this failure repeated {same + 1} times in this log "
+                         f"({self.f.runs} runs in all); the diagnosis is of the last one")
+        if other:
+            top = max(repeats.items(), key=lambda kv: (kv[1], kv[0]) if kv[0] != key else (-1, ""))
+            self.finding("earlier_failures", f"{other} earlier run(s) of this log failed another way (most often, "
+                         f"{top[1]} times: {top[0][:200]})")
 
     def summary_numbers(self, failure: dict, mem: dict, cfg_d: dict) -> None:
         """A typed summary line (``failed to allocate KV cache (requested ctx=262144, gpu memory free=1024 MiB)``):

@@ -3,7 +3,7 @@
 Exit status (design.md): 0 when a failure was diagnosed, 1 when the input holds no failure
 (``--json`` still prints the diagnosis with its memory numbers), 2 when the input cannot be read
 (one line on stderr, no traceback). A raw log is read in one streaming pass
-(:func:`kvreport.logs.parse_file`; standard input is first spooled to a temporary file so that it
+(:func:`kvreport.logs.parse_file`, see :mod:`kvreport.logs.scan`; standard input is first spooled to a temporary file so that it
 gets the same fast path), so a multi-GB log costs little memory; text pasted from a GitHub issue
 (code fences, ``> `` quotes) is accepted as it is.
 
@@ -126,7 +126,7 @@ def _diagnose(fh, command_line: str | None, model_path: str | None = None,
         head = fh.read(64 * 1024)
     name = getattr(fh, "name", None)
     if isinstance(name, str) and os.path.isfile(name):
-        facts = parse_file(name)  # grep -F prefilter when available: big logs at near grep speed
+        facts = parse_file(name)  # hyperscan / grep prefilter, runs parsed once: big logs at near grep speed
     else:
         fh.seek(0)
         facts = parse_stream(fh)

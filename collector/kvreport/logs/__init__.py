@@ -27,6 +27,8 @@ from kvreport.engines import REGISTRY
 from kvreport.logs import llamacpp, ollama, oom, sglang, tgi, vllm
 from kvreport.logs.common import clean_line, clean_pasted
 from kvreport.logs.facts import LogFacts
+from kvreport.logs.runs import LITERALS as _RUN_LITERALS
+from kvreport.logs.runs import is_run_start
 
 __all__ = ["LogFacts", "clean_pasted", "clean_line", "is_key_line", "parse_log", "parse_stream", "parse_file",
            "decide_engine"]
@@ -34,7 +36,9 @@ __all__ = ["LogFacts", "clean_pasted", "clean_line", "is_key_line", "parse_log",
 _MODULES = {"llamacpp": llamacpp, "ollama": ollama, "vllm": vllm, "sglang": sglang, "tgi": tgi}
 # the engines' parsers in registry order (kvreport.engines), then the failure layer under all of them
 _PARSERS = (*(_MODULES[e.parser] for e in REGISTRY if e.parser), oom)
-KEYWORDS: tuple[str, ...] = tuple(sorted({k for p in _PARSERS for k in p.KEYWORDS}))
+KEYWORDS: tuple[str, ...] = tuple(sorted({k for p in _PARSERS for k in p.KEYWORDS} | set(_RUN_LITERALS)))
+"""Every literal that makes a line a key line: each parser's (derived from its rule tables / sections) and the run
+starts of :mod:`kvreport.logs.runs`. The Python check, ``grep -E`` and the hyperscan database all select by it."""
 _KEY = re.compile("|".join(re.escape(k) for k in sorted(KEYWORDS, key=len, reverse=True)))
 # each parser only sees the lines its own keywords select (a key line for llama.cpp is not read by the vLLM regexes)
 _OWN = tuple((p, re.compile("|".join(re.escape(k) for k in sorted(p.KEYWORDS, key=len, reverse=True))).search)
@@ -126,6 +130,8 @@ def _feed_one(f: LogFacts, raw, lineno: int) -> None:
     if not line or _KEY.search(line) is None:
         return
     f.key_line_count += 1
+    if is_run_start(line) and f.run_failed():
+        f.fold()  # a new run after a failure: count the failed run, keep only the new run's facts
     prev = f.prev_key
     f.prev_key = (lineno, line)
     if prev and prev[0] == lineno - 1 and len(prev[1]) < 4000:
@@ -141,12 +147,13 @@ def _feed_parts(f: LogFacts, line: str, lineno: int) -> None:
     if "alloc" in line:
         parts = [q for part in parts for q in _GLUED.split(part)]
     for part in parts:
-        before = len(f.events)
+        before = f.n_events
         hints = sum(f.engine_hints.values())
         for parser, own in _OWN:
             if own(part) is None:
                 continue
-            if parser is oom and any(not e.get("weak") for e in f.events[before:]):
+            added = f.n_events - before
+            if parser is oom and added and any(not e.get("weak") for e in f.events[len(f.events) - added:]):
                 continue  # the failure layer reads only what no engine-specific rule read (a weak guess is not)
             try:
                 parser.feed(f, part, lineno)
@@ -181,8 +188,7 @@ def parse_log(lines: Iterable) -> LogFacts:
         strict.check()
         f.warnings.append(f"log reading stopped after line {n}")
     f.line_count = n
-    f.engine = decide_engine(f)
-    return f
+    return _finish(f)
 
 
 def parse_stream(fileobj, chunk_bytes: int = 8 << 20) -> LogFacts:
@@ -215,128 +221,42 @@ def parse_stream(fileobj, chunk_bytes: int = 8 << 20) -> LogFacts:
         strict.check()
         f.warnings.append(f"log reading stopped after line {lineno}")
     f.line_count = lineno
-    f.engine = decide_engine(f)
-    return f
+    return _finish(f)
 
 
-def parse_file(path, use_grep: bool = True, workers: int | None = None) -> LogFacts:
-    """:func:`parse_stream` for a file on disk, with ``grep -F`` as the prefilter when there is one.
+def parse_file(path, use_grep: bool = True, workers: int | None = None, backend: str | None = None) -> LogFacts:
+    """The facts of a log file on disk, as :func:`parse_log` gives them, at near the speed of ``grep``.
 
-    The file is cut at line boundaries into ``workers`` byte ranges (default: one per CPU, at most 4, and one for
-    files under 64 MiB). Each range is streamed once (``os.pread`` in 4 MiB blocks) into its own
-    ``grep -a -n -E -f <pattern>`` process (:func:`grep_ere`: the same literal set as :func:`is_key_line`, as one
-    alternation; ``-F -f <keywords>`` when that fails), while its newlines are
-    counted; the grep processes run in parallel and Python parses only the key lines they return, in order, with
-    exact line numbers (each range's numbers are offset by the newlines of the ranges before it). Without a usable
-    grep (Windows, a failure) the pure-Python chunk scan is used. Same facts either way. Raises OSError when the
-    file cannot be read.
+    ``backend`` (:mod:`kvreport.logs.scan`): ``"hyperscan"`` (the default when it imports, from 16 MiB up),
+    ``"grep"`` (the default otherwise), ``"python"`` (``use_grep=False``, or no grep). Every backend selects the same lines (any of
+    :data:`KEYWORDS` in the raw bytes); hyperscan and Python also parse each distinct run of a crash-looping log once
+    (:func:`kvreport.logs.scan.parse_runs`). The grep path is one ``grep -a -n -E`` process whose output is read as it
+    comes (``workers`` is accepted for compatibility and ignored: ranges read in parallel had to hold every range's
+    output in memory). Memory stays bounded whatever the file holds. Raises OSError when the file cannot be read.
     """
-    import shutil
+    from kvreport.logs import scan
 
-    grep = shutil.which("grep") if use_grep else None
     with open(path, "rb") as fh:
-        if grep is None:
-            return parse_stream(fh)
-        result = None
-        for mode in ("-E", "-F"):  # the DFA alternation first; -F -f (same literals) if this grep refuses it
+        fd = fh.fileno()
+        size = os.fstat(fd).st_size
+        backend = (backend or scan.best_backend(size)) if use_grep else "python"
+        f = LogFacts()
+        failed_run = None
+        nl = None
+        if backend == "grep":
             try:
-                result = _parse_file_grep(fh, grep, workers, mode)
+                nl = scan.scanner("grep").feed_range(fd, 0, size, 0, lambda n, raw: _feed_one(f, raw, n))
             except OSError:
-                result = None
-            if result is not None:
-                break
-        if result is None:
-            fh.seek(0)
-            return parse_stream(fh)
-        return result
+                f, backend = LogFacts(), "python"
+        if nl is None:
+            nl, _hits, failed_run = scan.parse_runs(f, fd, size, scan.scanner(backend), _feed_one, _is_start_raw)
+        f.line_count = nl + (1 if size and os.pread(fd, 1, size - 1) != b"\n" else 0)
+    return _finish(f, failed_run)
 
 
-def _ranges(fh, size: int, n: int) -> list[tuple[int, int]]:
-    """``n`` byte ranges ``(start, end)`` covering the file, each ending just after a newline (or at EOF)."""
-    cuts = [0]
-    for i in range(1, n):
-        pos = max(cuts[-1], size * i // n)
-        fh.seek(pos)
-        while True:
-            block = fh.read(1 << 16)
-            if not block:
-                pos = size
-                break
-            j = block.find(b"\n")
-            if j >= 0:
-                pos += j + 1
-                break
-            pos += len(block)
-        if pos >= size:
-            break
-        if pos > cuts[-1]:
-            cuts.append(pos)
-    cuts.append(size)
-    return [(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
-
-
-def _parse_file_grep(fh, grep: str, workers: int | None, mode: str = "-E") -> LogFacts | None:
-    import subprocess
-    import threading
-
-    fd = fh.fileno()
-    size = os.fstat(fd).st_size
-    if workers is None:
-        workers = min(4, os.cpu_count() or 1) if size >= (64 << 20) else 1
-    ranges = _ranges(fh, size, max(1, workers)) or [(0, 0)]
-    with grep_pattern_file(mode) as kw:
-        env = {**os.environ, "LC_ALL": "C"}
-        procs = [subprocess.Popen([grep, "-a", "-n", mode, "-f", kw], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL, env=env) for _ in ranges]
-        newlines = [0] * len(ranges)
-        last_byte = [b"\n"] * len(ranges)
-        outputs: list[list[bytes]] = [[] for _ in ranges]
-        errors: list[BaseException] = []
-
-        def feed(i: int) -> None:
-            start, end = ranges[i]
-            pipe = procs[i].stdin
-            try:
-                pos = start
-                while pos < end:
-                    block = os.pread(fd, min(4 << 20, end - pos), pos)
-                    if not block:
-                        break
-                    newlines[i] += block.count(b"\n")
-                    last_byte[i] = block[-1:]
-                    pipe.write(block)
-                    pos += len(block)
-            except (OSError, ValueError) as exc:  # a broken pipe: grep died
-                errors.append(exc)
-            finally:
-                try:
-                    pipe.close()
-                except OSError:
-                    pass
-
-        def collect(i: int) -> None:
-            outputs[i] = procs[i].stdout.readlines()
-
-        threads = [threading.Thread(target=fn, args=(i,), daemon=True)
-                   for i in range(len(ranges)) for fn in (feed, collect)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        codes = [p.wait() for p in procs]
-        if errors or any(c not in (0, 1) for c in codes):
-            return None
-    f = LogFacts()
-    offset = 0
-    for i, out in enumerate(outputs):
-        for raw in out:
-            num, _, text = raw.partition(b":")
-            if num.isdigit():
-                _feed_one(f, text, offset + int(num))
-        offset += newlines[i]
-    f.line_count = offset + (0 if size == 0 or last_byte[-1] == b"\n" else 1)
-    f.engine = decide_engine(f)
-    return f
+def _is_start_raw(raw: bytes) -> bool:
+    """:func:`kvreport.logs.runs.is_run_start` for a raw line, as :func:`_feed_one` tests it."""
+    return is_run_start(clean_line(raw))  # its literals are keywords: a run start is a key line
 
 
 def _scan(f: LogFacts, body: bytes, lineno: int) -> int:
@@ -358,6 +278,13 @@ def _scan(f: LogFacts, body: bytes, lineno: int) -> int:
         pos = stop + 1
         if pos >= end:
             return lineno
+
+
+def _finish(f: LogFacts, failed_run: LogFacts | None = None) -> LogFacts:
+    """The end of every path: the failed run to diagnose (:meth:`LogFacts.finish_runs`), then the engine."""
+    f.finish_runs(failed_run)
+    f.engine = decide_engine(f)
+    return f
 
 
 def decide_engine(f: LogFacts) -> str | None:

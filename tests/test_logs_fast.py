@@ -1,0 +1,178 @@
+"""The fast file path (kvreport.logs.scan) gives parse_log's diagnosis; runs of a crash loop are folded, memory bounded.
+
+Every real case (tests/data/cases and tests/data/corpus) is read line by line (parse_log) and by parse_file with every
+prefilter backend present here (hyperscan, grep, Python); the analyze output must be identical. Then the same on the
+logs of every case end to end (a crash loop: runs folded, runs remembered by their bytes).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from kvreport.analyze import diagnose
+from kvreport.logs import (
+    KEYWORDS,
+    LogFacts,
+    _feed_one,
+    _is_start_raw,
+    clean_line,
+    is_key_line,
+    parse_file,
+    parse_log,
+    scan,
+)
+from kvreport.logs.facts import Bounded, CappedDict
+from kvreport.logs.runs import LITERALS, RUN_STARTS, is_run_start
+from tests.paths import CASE_DIR, CORPUS_DIR
+
+LOGS = sorted(CASE_DIR.glob("*/log.txt")) + sorted(CORPUS_DIR.glob("*/log.txt"))
+BACKENDS = [b for b, ok in (("hyperscan", scan._have_hyperscan()), ("grep", bool(shutil.which("grep"))),
+                            ("python", True)) if ok]
+
+
+def _line_by_line(path) -> LogFacts:
+    with open(path, "rb") as fh:
+        return parse_log(fh)
+
+
+def _fast(path, backend: str) -> LogFacts:
+    return parse_file(path, backend=backend, use_grep=backend != "python")
+
+
+def _same(got: LogFacts, ref: LogFacts, what) -> None:
+    assert diagnose(got, {}) == diagnose(ref, {}), what
+    assert (got.line_count, got.key_line_count, got.runs, got.repeats) == \
+        (ref.line_count, ref.key_line_count, ref.runs, ref.repeats), what
+    assert got.events == ref.events and got.kv_caches == ref.kv_caches and got.hparams == ref.hparams, what
+
+
+def test_there_are_real_logs_and_hyperscan_is_tried_when_installed():
+    assert len(LOGS) > 250
+    assert "python" in BACKENDS and (("hyperscan" in BACKENDS) == scan._have_hyperscan())
+    assert scan.best_backend() == BACKENDS[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_real_case_gives_the_line_by_line_diagnosis(backend):
+    for path in LOGS:
+        _same(_fast(path, backend), _line_by_line(path), (path.parent.name, backend))
+
+
+@pytest.fixture(scope="module")
+def crash_loop(tmp_path_factory):
+    """Every real log end to end, three times, the last line without its newline."""
+    blob = b"".join(p.read_bytes().rstrip(b"\n") + b"\n" for p in LOGS)
+    path = tmp_path_factory.mktemp("loop") / "loop.log"
+    path.write_bytes(blob * 3 + b"llama_new_context_with_model: failed to allocate compute buffers")
+    return path
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_crash_loop_gives_the_line_by_line_diagnosis_on_every_backend(crash_loop, backend):
+    _same(_fast(crash_loop, backend), _line_by_line(crash_loop), backend)
+
+
+def test_runs_seen_before_are_counted_from_memory_not_parsed_again(crash_loop):
+    ref = _line_by_line(crash_loop)
+    forks = (False, True) if hasattr(os, "fork") else (False,)
+    for backend, fork in [(b, k) for b in BACKENDS if b != "grep" for k in forks]:
+        f = LogFacts()
+        with open(crash_loop, "rb") as fh:
+            nl, hits, _failed = scan.parse_runs(f, fh.fileno(), os.path.getsize(crash_loop), scan.scanner(backend),
+                                                _feed_one, _is_start_raw, fork=fork)
+        assert nl == ref.line_count - 1  # the last line has no newline
+        # the 2nd and 3rd repetitions are made of runs the 1st one parsed
+        assert hits >= 2 * (ref.runs // 3) - 4, (backend, fork, hits, ref.runs)
+        assert f.repeats == ref.repeats and f.key_line_count == ref.key_line_count, (backend, fork)
+        assert f.events == ref.events, (backend, fork)
+
+
+def test_memory_does_not_grow_with_the_failures_in_the_log(tmp_path):
+    one = (CASE_DIR / "loc-21-fail-ulimit-kv-600000" / "log.txt").read_bytes()
+    single = parse_log(one.split(b"\n"))
+    many = tmp_path / "many.log"
+    many.write_bytes((one.rstrip(b"\n") + b"\n") * 120)
+    for f in [_line_by_line(many)] + [_fast(many, b) for b in BACKENDS]:
+        assert f.runs == 120 and sum(f.repeats.values()) == 119 and len(f.repeats) == 1
+        assert len(f.events) == len(single.events) and len(f.kv_caches) == len(single.kv_caches)
+        assert [e["line"] for e in f.events] == [e["line"] for e in single.events]
+        d = diagnose(f, {})
+        assert d["failure"] == {**diagnose(single, {})["failure"]}
+        rep = [x for x in d["findings"] if x["kind"] == "repeated_failure"]
+        assert rep and "repeated 120 times" in rep[0]["text"]
+    assert single.runs == 1 and not single.repeats
+
+
+def test_the_failed_run_is_diagnosed_when_a_later_run_did_not_fail():
+    fail = (CASE_DIR / "loc-21-fail-ulimit-kv-600000" / "log.txt").read_bytes()
+    ok = (CASE_DIR / "loc-02-success-c4096-verbose" / "log.txt").read_bytes()
+    f = parse_log((fail + fail + ok).split(b"\n"))
+    only = parse_log(fail.split(b"\n"))
+    assert f.runs == 3 and f.repeats == {only.run_key(): 1}
+    assert diagnose(f, {})["failure"] == diagnose(only, {})["failure"]
+    assert parse_log(ok.split(b"\n")).run_key() is None and only.run_key()
+
+
+def test_a_run_start_after_no_failure_does_not_cut_the_run():
+    lines = ["ggml_cuda_init: found 1 CUDA devices:", "  Device 0: NVIDIA GeForce RTX 4090, compute capability 8.9",
+             "build: 5908 (538cc77f) with cc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0 for x86_64-linux-gnu"]
+    f = parse_log(lines)
+    assert f.runs == 1 and f.build == 5908 and f.devices
+
+
+def test_every_scanner_selects_the_same_lines_a_superset_of_the_key_lines(crash_loop):
+    size = os.path.getsize(crash_loop)
+    picked = {}
+    for backend in BACKENDS:
+        got = []
+        with open(crash_loop, "rb") as fh:
+            nl = scan.scanner(backend).feed_range(fh.fileno(), 0, size, 0, lambda n, raw, got=got: got.append((n, raw)))
+        picked[backend] = (nl, got)
+    first = picked[BACKENDS[0]]
+    for backend, got in picked.items():
+        assert got == first, backend
+    raw_lines = crash_loop.read_bytes().split(b"\n")
+    chosen = {n for n, _ in first[1]}
+    keys = {n for n, raw in enumerate(raw_lines, 1) if is_key_line(clean_line(raw))}
+    assert keys <= chosen and len(keys) > 10000
+    assert chosen == {n for n, raw in enumerate(raw_lines, 1) if any(k.encode() in raw for k in KEYWORDS)}
+
+
+def test_run_starts_are_key_lines_and_each_pattern_holds_its_literal():
+    import re
+
+    assert set(LITERALS) <= set(KEYWORDS)
+    samples = ["build: 5908 (538cc77f) with cc (GCC) 14.2.1", "main: build = 1233 (98311c4)",
+               "0.00.003.927 I cmn  common_param: common_params_print_info: build 0 (unknown) with GNU 12.2.0",
+               "ggml_cuda_init: found 2 ROCm devices:", "ggml_vulkan: Found 1 Vulkan devices:",
+               'time=2024-03-13T10:22:06.983+07:00 level=INFO source=routes.go:1082 msg="Listening on 127.0.0.1:11434 '
+               '(version 0.1.29)"', 'level=INFO source=server.go:262 msg="starting llama server" cmd=x',
+               "INFO 11-05 03:21:18 api_server.py:526] vLLM API server version 0.6.1",
+               "INFO: Starting vLLM API server on http://0.0.0.0:8000"]
+    assert all(is_run_start(s) and is_key_line(s) for s in samples)
+    assert not is_run_start('level=ERROR msg="error starting llama server" error=x')
+    assert not is_run_start("system_info: n_threads = 8 / 16 | AVX = 1")
+    for _engine, literal, pattern in RUN_STARTS:
+        assert literal in re.sub(r"\\.", "", pattern) or literal.strip() in pattern, (literal, pattern)
+
+
+def test_bounded_lists_keep_the_first_and_the_last_items():
+    b = Bounded(cap=10)
+    for i in range(1000):
+        b.append(i)
+    assert len(b) == 10 and b[:5] == [0, 1, 2, 3, 4] and b[5:] == [995, 996, 997, 998, 999] and b.dropped == 990
+    d = CappedDict(cap=3)
+    for i in range(10):
+        d[f"k{i}"] = i
+    d["k0"] = "updated"
+    assert d == {"k0": "updated", "k1": 1, "k2": 2}
+    f = LogFacts()
+    for i in range(5000):
+        f.add_event("ggml", i, "x")
+        f.warnings.append(str(i))
+        f.gguf_kv[f"key{i}"] = i
+    assert len(f.events) == 2000 and f.events[-1]["lineno"] == 4999 and f.events[0]["lineno"] == 0
+    assert len(f.warnings) <= 400 and f.warnings[-1] == "4999" and len(f.gguf_kv) <= 400
