@@ -616,13 +616,14 @@ _HEADS = ["", "token ", "HF_TOKEN=", "--api-key ", "curl ", "mysql ", "docker lo
 
 
 def _seconds(fn, text: str) -> float:
+    """CPU seconds of this process (not wall time: other processes on a loaded machine do not count), best of 5."""
     import time
 
     best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
+    for _ in range(5):
+        t0 = time.process_time()
         fn(text)
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, time.process_time() - t0)
     return best
 
 
@@ -630,7 +631,7 @@ def _assert_linear(fn, head: str, unit: str, chars: int = 10_000):
     """Time at 4n over time at n: 4 when linear, 16 when quadratic; the bound leaves room for noise."""
     n = max(1, chars // len(unit))
     small, big = _seconds(fn, head + unit * n), _seconds(fn, head + unit * (4 * n))
-    assert big <= 9 * small + 0.02, (head, unit, small, big)
+    assert big <= 9 * small + 0.05, (head, unit, small, big)
 
 
 def _patterns():
