@@ -49,7 +49,9 @@ def _current(s: fixes.Situation, key: str) -> list:
     table = {
         "--ctx-size": [f.get("n_ctx"), s.n_ctx], "OLLAMA_CONTEXT_LENGTH": [f.get("context_length"), s.n_ctx],
         "num_ctx": [s.n_ctx],
-        "--parallel": [f.get("n_parallel"), s.n_seq], "OLLAMA_NUM_PARALLEL": [f.get("num_parallel"), s.n_seq],
+        "--parallel": [f.get("n_parallel"), s.n_seq],
+        # an n_seq no line or flag gave is the assumed 1, not a value the user has
+        "OLLAMA_NUM_PARALLEL": [f.get("num_parallel"), s.n_seq if s.n_seq_known else None],
         "--cache-type-k": [f.get("cache_type_k"), s.cache_type_k], "--cache-type-v": [f.get("cache_type_v"), s.cache_type_v],
         "OLLAMA_KV_CACHE_TYPE": [f.get("kv_cache_type"), s.cache_type_k],
         "--flash-attn": [f.get("flash_attn"), s.flash_attn], "OLLAMA_FLASH_ATTENTION": [f.get("flash_attention")],

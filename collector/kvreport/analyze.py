@@ -784,10 +784,13 @@ class _Diagnosis:
         if src == "log" and self.trail["n_ctx_line"] is None and self.summary:
             self.trail["n_ctx_line"] = [self.summary["lineno"], self.summary["line"][:300]]
         n_seq = to_int(ctx.get("n_seq_max"))
+        n_seq_known = bool(n_seq)
         if not n_seq:
             par = fl.get("n_parallel")
             n_seq = par if isinstance(par, int) and par > 0 else to_int(f.ctx.get("n_parallel_auto")) or \
-                f.ollama.get("parallel") or 1
+                f.ollama.get("parallel") or None
+            n_seq_known = n_seq is not None
+            n_seq = n_seq or 1
         uni = ctx.get("kv_unified")
         if uni is not None:
             kv_unified = str(uni).lower() in ("true", "1")
@@ -807,7 +810,7 @@ class _Diagnosis:
         swa_full = str(ctx.get("swa_full") or "").lower() == "true" or bool(fl.get("swa_full"))
         n_ubatch = to_int(ctx.get("n_ubatch")) or (fl.get("n_ubatch") if isinstance(fl.get("n_ubatch"), int) else None)
         n_batch = to_int(ctx.get("n_batch")) or (fl.get("n_batch") if isinstance(fl.get("n_batch"), int) else None)
-        return {"n_ctx": n_ctx, "n_ctx_source": src, "n_seq": n_seq, "kv_unified": kv_unified,
+        return {"n_ctx": n_ctx, "n_ctx_source": src, "n_seq": n_seq, "n_seq_known": n_seq_known, "kv_unified": kv_unified,
                 "cache_type_k": str(tk), "cache_type_v": str(tv), "flash_attn": flash, "swa_full": swa_full,
                 "n_ubatch": n_ubatch, "n_batch": n_batch}
 
@@ -1218,6 +1221,7 @@ class _Diagnosis:
             kv_headroom_mib=getattr(self, "headroom_mib", None), kv_headroom_why=getattr(self, "headroom_why", None),
             oom_rule=(self.oom_event or {}).get("rule"), py_stage=f.py_stage or None,
             kv_examples_fit=self._examples_fit() if self.summary and size is None else [],
+            n_seq_known=cfg_d.get("n_seq_known", True),
             working_set=(self.oom_event or {}).get("rule") in ("metal-status-5", "metal-iogpu-oom", "metal-nil"),
             device_total_mib=(f.devices.get(failure["failing_device"] or "") or {}).get("total_mib"))
 

@@ -113,6 +113,8 @@ class Situation:
     kv_examples_fit: list = field(default_factory=list)
     """Without the model: (example shape, largest context in tokens whose f16 KV fits the budget) for the
     well-known shapes of kvreport.analyze.KV_EXAMPLES, shown as examples, never as the user's model."""
+    n_seq_known: bool = True
+    """False when no log line or flag gave the parallel slots (n_seq is then the assumed 1)."""
     device_total_mib: float | None = None
     """The total memory of the failing device as the log gave it (a torch OOM's "total capacity", vLLM's gate)."""
 
@@ -654,7 +656,8 @@ def _slots_for_full_kv(b: _Builder, rank: float) -> None:
     """The KV cache filled up while serving (no slot for a batch): each of N parallel sequences owns n_ctx / N of
     it, so one sequence gets the whole context (or -c must grow)."""
     s = b.s
-    if not s.n_seq or s.n_seq <= 1:
+    unset_ollama = _is_ollama(s) and not s.n_seq_known  # OLLAMA_NUM_PARALLEL unset: up to 4 slots (0.2 and later)
+    if (not s.n_seq or s.n_seq <= 1) and not unset_ollama:
         return  # one slot already, or the slot count is not in the log: no change to name
     if _is_ollama(s):
         b.add(rank, "reduce-parallel", "Serve one request at a time", {"OLLAMA_NUM_PARALLEL": 1},
@@ -1049,8 +1052,14 @@ def graph_buffer_not_host_cap(s: Situation) -> bool:
 
 
 def weights_on_gpu(s: Situation) -> bool:
-    """The weights failed on a GPU device (not the CPU, not a pinned host buffer)."""
-    return s.backend not in ("cpu", "unknown") and not (s.failing_device or "").endswith("_Host")
+    """The weights failed on a GPU device (not the CPU, not a pinned host buffer, not the host killing the process)."""
+    return s.backend not in ("cpu", "unknown") and not (s.failing_device or "").endswith("_Host") \
+        and not host_ran_out(s)
+
+
+def host_ran_out(s: Situation) -> bool:
+    """The host itself ran out (the OOM killer, ENOMEM, std::bad_alloc): fewer GPU layers would put more on it."""
+    return s.oom_rule in ("oom-killer", "enomem", "bad-alloc", "python-memoryerror")
 
 
 def budget_gap_small(s: Situation) -> bool:
@@ -1227,6 +1236,7 @@ RULES: tuple[Rule, ...] = (
     _r("bisect-regression", LLAMA, _CB, graph_buffer_fits_but_failed, 4, _bisect),
     _r("free-device-memory", LLAMA, _CB, graph_buffer_not_host_cap, 5, _free_memory),
     _r("reduce-gpu-layers", LLAMA, "model_weights", weights_on_gpu, 0, _reduce_layers_sized),
+    _r("smaller-model-or-quant", LLAMA, "model_weights", host_ran_out, 0, _smaller_model),
     _r("smaller-model-or-quant", LLAMA, "model_weights", always, 1, _smaller_model),
     _r("rebalance-devices", LLAMA, "model_weights", weights_on_gpu, 2, _rebalance),
     _r("free-device-memory", LLAMA, "model_weights", not_host_cap, 3, _free_memory),
