@@ -9,9 +9,11 @@ import shlex
 
 import click
 
+from kvreport import (
+    upload as _upload,  # looked up at call time: the domain module's functions, never a stale copy
+)
 from kvreport.config import remember_upload
 from kvreport.errors import UploadError
-from kvreport.upload import describe_answer, read_bundle_file, upload_bundle
 
 
 def retry_command(path: str, *, server: str | None = None, token: str | None = None, as_json: bool = False) -> str:
@@ -29,9 +31,9 @@ def retry_command(path: str, *, server: str | None = None, token: str | None = N
 
 def cli_upload(path: str, server: str | None, token: str | None, as_json: bool = False) -> int:
     """`kvreport upload PATH`: exit 0 when stored; :class:`UploadError` (exit 2) otherwise."""
-    bundle = read_bundle_file(path)
+    bundle = _upload.read_bundle_file(path)
     try:
-        answer = upload_bundle(bundle, server, token)
+        answer = _upload.upload_bundle(bundle, server, token)
     except UploadError as exc:
         retry = retry_command(path, server=server, token=token, as_json=as_json)
         exc.hint = "; ".join(h for h in (exc.hint, f"the bundle is unchanged at {path}; retry with: {retry}") if h)
@@ -41,7 +43,7 @@ def cli_upload(path: str, server: str | None, token: str | None, as_json: bool =
     if as_json:
         click.echo(json.dumps(answer, indent=1, ensure_ascii=False))
     else:
-        click.echo(describe_answer(answer))
+        click.echo(_upload.describe_answer(answer))
     from kvreport.commands.collect import send_pending_outcomes
 
     send_pending_outcomes(bundle["id"], server, token)
