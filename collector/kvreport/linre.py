@@ -24,6 +24,8 @@ letters. Lone surrogates (from JSON) are just ``\\x02``: no encoding error can s
 
 from __future__ import annotations
 
+import re as _re
+import threading
 from collections.abc import Callable, Iterator
 
 import re2
@@ -52,7 +54,8 @@ class _Shadow(dict):
 
 
 _SHADOW = _Shadow()
-_ODD_ASCII = re2.compile(r"[\x01\x0b\x1c-\x1f]")
+# the ASCII that the stand-in changes; Python's re on one character class (no backtracking possible)
+_ODD_ASCII = _re.compile(rb"[\x01\x0b\x1c-\x1f]")
 
 
 def shadow(text: str) -> bytes:
@@ -77,8 +80,19 @@ class Subject:
         return len(self.text)
 
 
+_LAST = threading.local()
+
+
 def _subject(text: str | Subject) -> Subject:
-    return text if isinstance(text, Subject) else Subject(text)
+    """``text``'s :class:`Subject`; the last one made in this thread is reused for the same string
+    object (a text searched by several patterns in a row is shadowed once)."""
+    if isinstance(text, Subject):
+        return text
+    last = getattr(_LAST, "subject", None)
+    if last is not None and last.text is text:
+        return last
+    subj = _LAST.subject = Subject(text)
+    return subj
 
 
 class Match:
