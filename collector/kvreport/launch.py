@@ -27,6 +27,7 @@ HELP = {
         '  kvreport analyze server.log                           diagnose a log or bundle offline\n'
         '  kvreport fit --model model.gguf --free-mib 8192         KV bytes per token, largest context that fits\n'
         '  kvreport upload kvreport-XXXX.json                    send a bundle to the team server\n'
+        "  kvreport known --update                               fetch the team's known fixes for offline matching\n"
         '  kvreport serve                                        run the team server (SQLite by default)\n'
         '\n'
         'Options:\n'
@@ -34,11 +35,12 @@ HELP = {
         '  -h, --help  Show this message and exit.\n'
         '\n'
         'Commands:\n'
-        "  admin    Server administration: API tokens, maintainers' accounts, re-analysis.\n"
+        "  admin    Server administration: API tokens, maintainers' accounts, re-analysis, demo removal.\n"
         "  analyze  Diagnose a bundle file or a raw engine log (or '-' for stdin), offline.\n"
         '  collect  Gather a redacted bundle (machine, engine, command, log), print the diagnosis,...\n'
         '  fit      KV bytes per token, the KV of the requested context, and the largest context that...\n'
         '  issue    Print a GitHub issue body (Markdown) for a bundle.\n'
+        '  known    List the known upstream issues that analyze and collect match offline (shipped and...\n'
         '  run      Run CMD with its output passed through; on failure collect a bundle.\n'
         '  serve    Run the kvreport server on this machine (migrations are applied on start).\n'
         '  upload   Send a bundle to the team server; print its URL, its cluster and any known fix.\n'
@@ -54,6 +56,7 @@ HELP = {
         '  kvreport analyze server.log                           diagnose a log or bundle offline\n'
         '  kvreport fit --model model.gguf --free-mib 8192         KV bytes per token, largest context that fits\n'
         '  kvreport upload kvreport-XXXX.json                    send a bundle to the team server\n'
+        "  kvreport known --update                               fetch the team's known fixes for offline matching\n"
         '  kvreport serve                                        run the team server (SQLite by default)\n'
         '\n'
         'Options:\n'
@@ -66,6 +69,7 @@ HELP = {
         '  collect  Gather a redacted bundle (machine, engine, command, log),...\n'
         '  fit      KV bytes per token, the KV of the requested context, and the...\n'
         '  issue    Print a GitHub issue body (Markdown) for a bundle.\n'
+        '  known    List the known upstream issues that analyze and collect match...\n'
         '  run      Run CMD with its output passed through; on failure collect a...\n'
         '  serve    Run the kvreport server on this machine (migrations are...\n'
         '  upload   Send a bundle to the team server; print its URL, its cluster...\n'
