@@ -22,7 +22,11 @@ EXAMPLES = [
     ("cuda-malloc-oom", "cudaMalloc failed: out of memory", "cuda", "unknown"),
     ("ggml-cuda-error-tail", "2023/11/22 11:37:21 llama.go:430: 2 at /go/src/github.com/jmorganca/ollama/llm/llama.cpp/"
                              "gguf/ggml-cuda.cu:7358: out of memory", "cuda", "unknown"),
-    ("kv-need-only", "262,144 | x | - | KV cache OOM (need 8.33 GiB, only 8.29 GiB) |", None, "kv_cache"),
+    ("need-have", "262,144 | x | - | KV cache OOM (need 8.33 GiB, only 8.29 GiB) |", None, "kv_cache"),
+    ("need-have", "vllm: not enough GPU memory for KV cache: need 20 GiB, have 10 GiB", None, "kv_cache"),
+    ("metal-buffer-max", "ggml_metal_add_buffer: buffer data size 18300780544 is larger than buffer maximum of "
+                         "17179869184", "metal", "model_weights"),
+    ("memory-words", "could not create a memory object", None, "unknown"),
     ("torch-oom-bare", "RuntimeError: CUDA driver error: out of memory", "cuda", "unknown"),
     ("metal-iogpu-oom", "libc++abi: terminating due to uncaught exception of type std::runtime_error: [METAL] Command "
                         "buffer execution failed: Insufficient Memory", "metal", "compute_buffer"),

@@ -445,9 +445,9 @@ class _Diagnosis:
                          "know its format fully: the phase is unknown and only what the line itself says is used",
                          ev["line"])
         else:
-            self.finding("memory_error", f"memory error read by rule '{ev['rule']}'; the log does not name the "
-                         "buffer it was for" if out["phase"] == "unknown" else f"memory error read by rule "
-                         f"'{ev['rule']}'", ev["line"])
+            self.finding("memory_error", "an out-of-memory error of the runtime" + (
+                "; the log does not name the buffer it was for" if out["phase"] == "unknown" else "")
+                + " (kvreport analyze --explain names the rule that read it)", ev["line"])
         self.has_memory_event = True
         self.oom_event = ev
         return True
@@ -1067,7 +1067,7 @@ class _Diagnosis:
                                            f"--fit margin of {_fmt(DEFAULT_HEADROOM_MIB)} MiB is more than the device has)")
             self.headroom_mib, self.headroom_why = head, why
             budget = max(0.0, free - head)
-            self.finding("kv_headroom", f"max_ctx_fit counts the KV alone within the {_fmt(free)} MiB left on "
+            self.finding("kv_headroom", f"the largest context that fits counts the KV alone within the {_fmt(free)} MiB left on "
                          f"{dev or 'the failing device'} minus {why}: {_fmt(budget)} MiB")
             return budget
         if failure["phase"] == "compute_buffer" and failure["requested_mib"] is not None:

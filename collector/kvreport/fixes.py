@@ -547,7 +547,8 @@ def _alloc_limit(b: _Builder, rank: float) -> None:
     new_ub = max(64, ub // 2 if ub > 512 else 256)
     b.add(rank, "work-around-alloc-limit", "Keep each single allocation under the backend's limit",
           {"--ubatch-size": new_ub},
-          f"a compute buffer about {ub // new_ub}x smaller than {_mib(s.requested_mib)} MiB",
+          f"a compute buffer about {ub // new_ub}x smaller than {_mib(s.requested_mib)} MiB" if s.requested_mib is not None
+          else f"a compute buffer about {ub // new_ub}x smaller",
           f"The {s.backend} driver refused one allocation of {_mib(s.requested_mib)} MiB because it exceeds its "
           "per-allocation limit (e.g. Vulkan maxMemoryAllocationSize, often 4 GiB), not because memory ran out; "
           "smaller -ub / -c keep the compute buffer under it (playbook step 6).")
@@ -865,6 +866,8 @@ def _py_fp8(b: _Builder, rank: float) -> None:
     v = s.vllm or {}
     if k["lmd"]:
         return  # LMDeploy quantizes its KV with --quant-policy (4 / 8), not a dtype flag
+    if str((s.flags or {}).get("kv_cache_dtype") or "").lower().startswith("fp8"):
+        return  # already fp8: the change would be the command as it is
     need, avail, max_len = v.get("kv_needed_mib"), v.get("available_kv_mib"), k["max_len"]
     if need and avail is not None and need / 2 > avail:
         cur_fit = v.get("estimated_max_len") or (int(float(max_len) * avail / need) if max_len and avail > 0 else 0)

@@ -16,6 +16,7 @@ import click
 
 from kvreport import linre
 from kvreport.picture import memory_picture, text_bars
+from kvreport.vocab import what_failed
 
 FENCE = "```"
 
@@ -27,7 +28,7 @@ PHASE_WORDS = {
     "kv_capacity": "KV cache too small for the configured length",
     "memory_budget": "the engine's memory check refused to start",
     "none": "no failure",
-    "unknown": "failure not about runtime memory",
+    "unknown": "unplaced failure",
 }
 
 
@@ -99,6 +100,8 @@ def issue_title(bundle: dict, diagnosis: dict) -> str:
     failure = diagnosis.get("failure") or {}
     engine = diagnosis.get("engine") or (bundle.get("engine") or {}).get("name") or "engine"
     what = PHASE_WORDS.get(failure.get("phase") or "unknown", "failure")
+    if (failure.get("phase") or "unknown") == "unknown":
+        what = what_failed(diagnosis, short=True)
     parts = [f"{engine}: {what}"]
     if failure.get("failing_device"):
         parts.append(f"on {failure['failing_device']}")

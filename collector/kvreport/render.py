@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvreport.units import fmt_mib as _mib
-from kvreport.vocab import PHASE_SENTENCE as _PHASE_WORDS
+from kvreport.vocab import BACKEND_TITLE, what_failed
 
 
 def format_change(change: dict) -> str:
@@ -29,7 +29,8 @@ def _failure_lines(f: dict, phase: str) -> list[str]:
     if phase == "none":
         return []
     out = []
-    where = f.get("failing_device") or (f.get("backend") if f.get("backend") not in (None, "unknown") else None)
+    where = f.get("failing_device") or (BACKEND_TITLE.get(f["backend"], f["backend"])
+                                        if f.get("backend") not in (None, "unknown") else None)
     parts = [f"on {where}"] if where else []
     if f.get("requested_mib") is not None:
         parts.append(f"{_mib(f['requested_mib'])} MiB requested")
@@ -113,7 +114,7 @@ def render_text(diagnosis: dict, bundle: dict | None = None, facts=None) -> str:
     sig = d.get("signature") or {}
     phase = f.get("phase") or "unknown"
     out = [f"kvreport: {sig.get('title') or d.get('engine', 'unknown')}",
-           f"  what:     {_PHASE_WORDS.get(phase, phase)}"]
+           f"  what:     {what_failed(d)}"]
     out += _failure_lines(f, phase)
     out += _memory_lines(d.get("memory") or {})
     out += _picture_lines(d, bundle, facts)

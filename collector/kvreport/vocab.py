@@ -36,6 +36,20 @@ PHASE_SENTENCE = {
     "unknown": "a failure that is not about memory, or that the log does not place",
 }
 """What failed, as a sentence (the ``what:`` line of ``kvreport analyze``)."""
+MEMORY_UNPLACED = "memory could not be had, and the log does not say for which buffer"
+"""The ``what`` of an ``unknown`` phase whose line is a memory error (kvreport.logs.oom)."""
+_MEMORY_FINDINGS = ("memory_error", "unrecognized_memory_error", "summary_line", "alloc_limit", "pool_size")
+
+
+def what_failed(diagnosis: dict, short: bool = False) -> str:
+    """The sentence for what failed; an ``unknown`` phase says whether a memory error was read (an allocator
+    line, a failure-layer finding) or the failure is not about memory."""
+    f = diagnosis.get("failure") or {}
+    phase = f.get("phase") or "unknown"
+    if phase == "unknown" and (f.get("allocator_error") or any(
+            x.get("kind") in _MEMORY_FINDINGS for x in diagnosis.get("findings") or [])):
+        return "memory error, buffer not named" if short else MEMORY_UNPLACED
+    return PHASE_SENTENCE.get(phase, phase)
 PYTHON_ENGINES = ("vllm", "sglang", "tgi")
 """Engines whose version kvreport reads from the Python packages of their interpreter (``probes.pyengines``)."""
 KV_PHASES = ("kv_cache", "kv_capacity")

@@ -87,7 +87,17 @@ def torch_oom(line: str) -> dict | None:
     if not m:
         return None
     out = _torch(m)
-    out["backend"] = {"CUDA": "cuda", "HIP": "rocm", "XPU": "sycl", "MPS": "metal", "NPU": "cann"}.get(m.group("be"))
+    out["backend"] = {"CUDA": "cuda", "HIP": "rocm", "XPU": "sycl", "MPS": "metal", "NPU": "cann"}.get(
+        m.group("be") or "CUDA")  # the message without its first sentence (pasted from the middle) is CUDA's
+    return out
+
+
+def _need_have(m: re.Match) -> dict:
+    """A summary that states both sides: the request and what there was (a KV cache when the line says so)."""
+    out = {"mib": _mib(m.group("need"), m.group("nu")), "free_mib": _mib(m.group("have"), m.group("hu")),
+           "summary": True}
+    if m.group("kv") or "kv cache" in m.group(0).lower() or "kv-cache" in m.group(0).lower():
+        out["phase_hint"] = "kv_cache"
     return out
 
 
@@ -112,7 +122,8 @@ _METAL_BUFFERS = (("data", "model_weights"), ("kv", "kv_cache"), ("eval", "compu
 def _metal_buf(m: re.Match) -> dict:
     name = m.group("name").strip().lower()
     phase = next((p for prefix, p in _METAL_BUFFERS if name.startswith(prefix)), None)
-    return {"mib": _mib(m.group("size"), m.group("unit")), **({"phase_hint": phase} if phase else {})}
+    unit = m.groupdict().get("unit")
+    return {"mib": _mib(m.group("size"), unit), **({"phase_hint": phase} if phase else {})}
 
 
 def _summary(m: re.Match) -> dict:
@@ -125,7 +136,7 @@ def _summary(m: re.Match) -> dict:
     return out
 
 
-_TORCH = (r"(?P<be>CUDA|HIP|XPU|MPS|NPU) out of memory\.\s*Tried to allocate (?P<req>[\d.]+) ?(?P<ru>[KMGT]i?B|bytes)"
+_TORCH = (r"(?:(?P<be>CUDA|HIP|XPU|MPS|NPU) out of memory\.\s*)?Tried to allocate (?P<req>[\d.]+) ?(?P<ru>[KMGT]i?B|bytes)"
           r"(?:\.?\s*GPU (?P<dev>\d+) has a total capac(?:ity|ty) of\s+(?P<total>[\d.]+) ?(?P<tu>[KMGT]i?B) of\s+which\s+"
           r"(?P<free>[\d.]+) ?(?P<fu>[KMGT]i?B|bytes) is free"
           r"|\s*\(GPU (?P<dev2>\d+); (?P<total2>[\d.]+) ?(?P<tu2>[KMGT]i?B) total(?: capacity)?;"
@@ -152,7 +163,7 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"(cuda|hip)Malloc failed: out of memory|cudaErrorMemoryAllocation|hipErrorOutOfMemory"),
             "cuda", "ggml-cuda.cu ggml_backend_cuda_buffer_type_alloc_buffer; Ollama 'cudaMalloc failed: out of memory'"),
     # -- torch (vLLM, SGLang, TGI, LMDeploy's PyTorch engine): torch/csrc/.../CUDACachingAllocator.cpp
-    OomRule("torch-oom", ("out of memory. Tried to allocate", "Tried to allocate"),
+    OomRule("torch-oom", ("out of memory. Tried to allocate", "has a total capac"),
             _TORCH_RX, None, "torch CUDACachingAllocator OutOfMemoryError message (all torch 2.x)",
             phase=None, read=_torch),
     OomRule("torch-exceed-allowed", ("would exceed allowed memory",),
@@ -175,6 +186,10 @@ RULES: tuple[OomRule, ...] = (
     OomRule("metal-add-buffer", ("failed to allocate '",),
             re.compile(r"failed to allocate '(?P<name>[^']*)' buffer, size = (?P<size>[\d.]+) ?(?P<unit>MB|MiB|GB|GiB)"),
             "metal", "ggml-metal.m ggml_metal_add_buffer (2023-2024 builds)", read=_metal_buf),
+    OomRule("metal-buffer-max", ("larger than buffer maximum",),
+            re.compile(r"buffer (?P<name>\w+) size (?P<size>\d+) is larger than buffer maximum of (?P<max>\d+)"),
+            "metal", "ggml-metal.m ggml_metal_add_buffer (2023): one buffer above the device's maxBufferLength",
+            read=lambda m: {**_metal_buf(m), "mib": _mib(m.group("size"), None), "limit_mib": _mib(m.group("max"), None)}),
     OomRule("metal-iogpu-oom", ("kIOGPUCommandBufferCallbackErrorOutOfMemory", "Insufficient Memory"),
             re.compile(r"kIOGPUCommandBufferCallbackErrorOutOfMemory|Insufficient Memory \(0+8|"
                        r"Command buffer execution failed: Insufficient Memory"),
@@ -236,6 +251,12 @@ RULES: tuple[OomRule, ...] = (
     OomRule("turbomind-blocks", ("No enough blocks", "no enough blocks"), re.compile(r"[Nn]o enough blocks"), "cuda",
             "lmdeploy/turbomind LlamaBatch / BlockManager: the KV block pool cannot hold the batch", engine="lmdeploy",
             phase="kv_capacity"),
+    OomRule("need-have", ("need",),
+            re.compile(r"(?i:(?P<kv>kv[ -]?cache\b)?.{0,60}?(?:oom|out of memory|not enough|insufficient|too (?:large|big)|"
+                       r"does ?n[o']t fit|fail\w*)\b.{0,60}?\bneed(?:s|ed)?\W{0,3}(?P<need>[\d.]+)\s*(?P<nu>[KMGT]i?B)"
+                       r"\W{1,6}(?:but\s+)?(?:only|have|has|available|free)\W{0,3}(?P<have>[\d.]+)\s*(?P<hu>[KMGT]i?B))"),
+            None, "users' and blogs' summaries: 'KV cache OOM (need 8.33 GiB, only 8.29 GiB)', 'not enough GPU memory "
+                  "for KV cache: need 20 GiB, have 10 GiB'", read=_need_have),
     # -- paraphrased or summary lines as people type them: "failed to allocate KV cache (requested ctx=262144,
     #    gpu memory free=1024 MiB)", "n_ctx 32768 doesn't fit, only 2 GB free"
     OomRule("kv-summary", ("KV cache", "kv cache", "KV-cache", "kv-cache"),
@@ -251,13 +272,6 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"(?i:failed to find (?:a )?(?:kv cache slot|memory slot for (?:u?batch)|free space in the kv cache)"
                        r"|could not find a kv cache slot)"),
             None, "llama.cpp llama_decode / server; Ollama runner (kvcache)", phase="kv_capacity"),
-    OomRule("kv-need-only", ("need",),
-            re.compile(r"(?i:kv[ -]?cache\b.{0,40}?(?:oom|out of memory|too (?:large|big)|does ?n[o']t fit)\W{1,4}"
-                       r"(?:need(?:s|ed)?|requires?)\s*(?P<need>[\d.]+)\s*(?P<nu>[KMGT]i?B),?\s*(?:but )?"
-                       r"(?:only|have|available)\s*(?P<have>[\d.]+)\s*(?P<hu>[KMGT]i?B))"),
-            None, "users' and blogs' summaries: 'KV cache OOM (need 8.33 GiB, only 8.29 GiB)'", phase="kv_cache",
-            read=lambda m: {"mib": _mib(m.group("need"), m.group("nu")), "free_mib": _mib(m.group("have"), m.group("hu")),
-                            "summary": True}),
     # -- the net: any other line in the words of a memory failure (format not fully understood)
     OomRule("memory-words", ("out of memory", "Out of memory", "OUT OF MEMORY", "OutOfMemory", "OUT_OF_MEMORY",
                              "out-of-memory", "Out Of Memory", "insufficient memory", "Insufficient memory",
@@ -265,8 +279,10 @@ RULES: tuple[OomRule, ...] = (
                              "failed to allocate", "Failed to allocate", "unable to allocate", "Unable to allocate",
                              "could not allocate", "Could not allocate", "allocation failed", "Allocation failed",
                              "memory allocation", "Memory allocation", "more system memory", "requires more memory",
+                             "memory object",
                              "OOM", "oom"),
             re.compile(r"(?i:out[ _-]of[ _-]?memory|insufficient[ _]memory|not enough (?:\w+ )?memory|"
+                       r"(?:could not|failed to|unable to) create (?:a )?memory object|"
                        r"(?:failed|unable|could not|cannot) to allocate|(?:memory )?allocation failed|"
                        r"memory allocation (?:of \d+ bytes )?failed|requires more (?:system )?memory)|\bOOM\b"),
             None, "catch-all for memory-error words (kvreport's failure layer)", generic=True),
@@ -366,7 +382,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         if rule.id == "ggml-cuda-error":
             backend = {"ROCm": "rocm", "MUSA": "musa"}.get(data.get("cuda_name", "CUDA"), "cuda")
         elif rule.id == "torch-oom":
-            backend = {"CUDA": "cuda", "HIP": "rocm", "XPU": "sycl", "MPS": "metal", "NPU": "cann"}.get(m.group("be"))
+            backend = {"CUDA": "cuda", "HIP": "rocm", "XPU": "sycl", "MPS": "metal", "NPU": "cann"}.get(m.group("be") or "CUDA")
         elif backend is None:
             backend = _backend_of_words(line.lower())
         f.add_event("oom", lineno, line, rule=rule.id, backend=backend, phase=rule.phase, engine=rule.engine,
