@@ -75,18 +75,7 @@ def upload_bundle(bundle: dict, server: str | None, token: str | None) -> dict:
         resp = _session().post(url, data=body, headers=headers, timeout=TIMEOUT)
     except requests.RequestException as exc:
         raise UploadError(f"{request_problem(exc, server)} (the server URL comes from {origin})") from None
-    try:
-        answer = resp.json()
-    except ValueError:
-        answer = None
-    if resp.status_code in (200, 201) and isinstance(answer, dict):
-        answer["status"] = resp.status_code
-        return answer
-    message = None
-    if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
-        message = answer["error"].get("message")
-    message = message or (resp.text or "").strip()[:200] or resp.reason
-    raise UploadError(f"the server refused the bundle (HTTP {resp.status_code}): {message}")
+    return _answer(resp, "the bundle")
 
 
 def request_problem(exc: Exception, server: str) -> str:
@@ -166,7 +155,12 @@ def send_outcome(body: dict, bundle_id: str, server: str | None, token: str | No
     try:
         resp = _session().post(url, data=json.dumps(body).encode("utf-8"), headers=headers, timeout=TIMEOUT)
     except requests.RequestException as exc:
-        raise UploadError(f"could not reach {server}: {type(exc).__name__}") from None
+        raise UploadError(request_problem(exc, server)) from None
+    return _answer(resp, "the outcome")
+
+
+def _answer(resp, what: str) -> dict:
+    """The server's JSON answer (with its HTTP ``status``) for a 200/201, else an UploadError with its message."""
     try:
         answer = resp.json()
     except ValueError:
@@ -178,4 +172,4 @@ def send_outcome(body: dict, bundle_id: str, server: str | None, token: str | No
     if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
         message = answer["error"].get("message")
     message = message or (resp.text or "").strip()[:200] or resp.reason
-    raise UploadError(f"the server refused the outcome (HTTP {resp.status_code}): {message}")
+    raise UploadError(f"the server refused {what} (HTTP {resp.status_code}): {message}")
