@@ -1,6 +1,6 @@
 """Benchmark: redaction throughput (MB/s) on adversarial and on real text, next to a baseline.
 
-Real text: every case log of ../shared/cases and tests/data/cases, redacted line by line as the
+Real text: every case log of tests/data/cases and tests/data/corpus, redacted line by line as the
 collector does (``Redactor.redact_text`` per log line) and through the server's second pass
 (``find_secrets`` over the lines). Adversarial text: single lines of ``--kb`` KB built to make
 backtracking regular expressions quadratic (``'token ' + 'a-' * n``, ``'=' * n``, ``'x:' * n``…);
@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "collector"))
 
 from kvreport.redact import Redactor, find_secrets  # noqa: E402
-from tests.paths import DATA, SHARED_CASES  # noqa: E402
+from tests.paths import CASE_DIR, CORPUS_DIR  # noqa: E402
 
 ADVERSARIAL = {
     "token a-a-a-": lambda n: "token " + "a-" * (n // 2),
@@ -59,7 +59,7 @@ def _row(label: str, size: int, seconds: float, base: float, rx: float) -> None:
 
 def _real_lines() -> list[str]:
     lines: list[str] = []
-    for base in (SHARED_CASES, DATA / "cases"):
+    for base in (CASE_DIR, CORPUS_DIR):
         if base.is_dir():
             for path in sorted(base.glob("*/*.txt")):
                 lines += path.read_text(errors="replace").splitlines()
@@ -86,7 +86,7 @@ def main() -> int:
         _row("client (redact_text/line)", size, client, base, rx)
         _row("server (find_secrets)", size, server, base, rx)
     else:
-        print("real text: no case logs found (set KVREPORT_SHARED)")
+        print("real text: no case logs found under tests/data")
     print(f"adversarial text: one line of {args.kb} KB each")
     for label, make in ADVERSARIAL.items():
         line = make(n)

@@ -52,7 +52,8 @@ LOG_KEEP = 40  # lines of each case's excerpt kept around the failure (keeps the
 
 
 def templates() -> list[tuple[dict, dict]]:
-    from server_helpers import SHARED_CASES, bundle_from_case
+    from server_helpers import CASE_DIR as SHARED_CASES
+    from server_helpers import bundle_from_case
 
     out = []
     for case in sorted(p.name for p in SHARED_CASES.iterdir() if (p / "log.txt").is_file()):

@@ -49,7 +49,8 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args(argv)
 
-    from server_helpers import SHARED_CASES, bundle_from_case
+    from server_helpers import CASE_DIR as SHARED_CASES
+    from server_helpers import bundle_from_case
 
     from kvreport.bundle import new_bundle_id
     from kvreport_server import auth, migrate
