@@ -146,3 +146,16 @@ def test_a_fence_is_longer_than_any_backtick_run_inside():
     assert "``````\n" in body
     tokens = _md_tokens(body)
     assert not [t for i, t in enumerate(tokens) if t.type == "heading_open" and "Maintainer" in tokens[i + 1].content]
+
+
+def test_bidi_overrides_are_shown_not_obeyed():
+    """A right-to-left override in a log line would reorder what a maintainer reads: it is shown as a marker."""
+    from kvreport.markdown import issue_body
+    from kvreport.textsafe import visible_controls
+
+    assert visible_controls("a\u202eb\u2066c") == "a<U+202E>b<U+2066>c"
+    bundle = {"log": {"lines": [[1, "ggml_aligned_malloc: insufficient memory \u202egnp.exe"]]}}
+    from kvreport.analyze import analyze
+
+    body = issue_body(bundle, analyze(bundle))
+    assert "\u202e" not in body and "<U+202E>" in body

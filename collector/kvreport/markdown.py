@@ -16,6 +16,7 @@ import click
 
 from kvreport import linre
 from kvreport.picture import memory_picture, text_bars
+from kvreport.textsafe import visible_controls
 from kvreport.vocab import what_failed
 
 FENCE = "```"
@@ -56,6 +57,7 @@ def _one_line(text: str) -> str:
 def _code(text: str) -> str:
     """An inline code span that no character of ``text`` can leave: one line, fenced by a backtick
     run longer than any inside (issue 13, item 8)."""
+    text = visible_controls(text) if isinstance(text, str) else text
     text = _one_line(str(text))
     longest = max((len(m) for m in _BACKTICKS.findall(text)), default=0)
     fence = "`" * (longest + 1)
@@ -77,6 +79,7 @@ def _cell(value) -> str:
     """A Markdown table cell: one line; plain text as it is, anything else as code with its pipes
     escaped (GitHub splits table rows on ``|`` even inside code), so that no cell can emit a link,
     an image, a heading, HTML or a new row."""
+    value = visible_controls(value) if isinstance(value, str) else value
     if value is None or value == "" or value == []:
         return "—"
     text = ", ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
@@ -89,6 +92,7 @@ def _cell(value) -> str:
 
 def _fenced(text: str, lang: str = "") -> str:
     """A fenced code block whose fence is longer than any backtick run in ``text``."""
+    text = visible_controls(text) if isinstance(text, str) else text
     longest = max((len(m) for m in _BACKTICKS.findall(text)), default=0)
     fence = "`" * max(len(FENCE), longest + 1)
     lang = lang if _PLAIN.fullmatch(lang) else ""

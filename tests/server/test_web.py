@@ -247,3 +247,13 @@ def test_every_shared_case_renders(client, auth_header):
         assert client.get(f"/clusters/{cid}").status_code == 200
     listing = client.get("/api/v1/clusters?per_page=200").json
     assert sum(c["count"] for c in listing["items"]) == len(cases)
+
+
+def test_bidi_override_in_a_log_line_is_shown_as_a_marker(client, auth_header):
+    b = bundle_from_case("loc-17-fail-huge-ctx-verbose")
+    b["log"]["lines"].append([999999, "note: \u202efdp.exe"])
+    upload(client, auth_header, b)
+    html = client.get(f"/bundles/{b['id']}").get_data(as_text=True)
+    md = client.get(f"/bundles/{b['id']}.md").get_data(as_text=True)
+    assert "\u202e" not in html and "&lt;U+202E&gt;" in html
+    assert "\u202e" not in md

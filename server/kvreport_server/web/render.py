@@ -10,6 +10,8 @@ import nh3
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
+from kvreport.textsafe import visible_controls
+
 _md = MarkdownIt("commonmark", {"html": False, "linkify": False})
 GITHUB_URL_LIMIT = 8000  # characters; GitHub refuses much longer /issues/new URLs
 
@@ -73,7 +75,7 @@ def fold_log(lines: list, marks: set[str], context: int = 3) -> list[dict]:
     for item in lines or []:
         if isinstance(item, list | tuple) and len(item) == 2:
             n, text = item
-            rows.append((n, str(text), str(text).strip() in marks))
+            rows.append((n, visible_controls(str(text)), str(text).strip() in marks))
     keep = set()
     for i, (_n, text, hit) in enumerate(rows):
         if hit:
