@@ -69,9 +69,15 @@ def _memory_lines(m: dict) -> list[str]:
     if m.get("rs_required_mib"):
         out.append(f"  state:    {_mib(m['rs_required_mib'])} MiB recurrent state (does not grow with the context)")
     fits = m.get("max_ctx_fit")
-    if fits:
-        out.append("  fits:     " + " · ".join(f"{t} {n:,} tokens" for t, n in fits.items())
-                   + " (KV alone, in the memory left for it on the failing device)")
+    if fits and not any(fits.values()):
+        seqs = (m.get("inputs") or {}).get("n_seq") or 1
+        out.append("  fits:     no context fits in the memory left for the KV on the failing device"
+                   + (f" (each of the {seqs} parallel slots needs at least 256 cells)" if seqs > 1 else ""))
+    elif fits:
+        seqs = (m.get("inputs") or {}).get("n_seq") or 1
+        slots = f" (at least 256 cells for each of the {seqs} slots)" if seqs > 1 and not all(fits.values()) else ""
+        out.append("  fits:     " + " · ".join(f"{t} {n:,} tokens" if n else f"{t} none" for t, n in fits.items())
+                   + " (KV alone, in the memory left for it on the failing device)" + slots)
     fit = m.get("fit")
     if fit and fit.get("ran"):
         ch = ", ".join(f"{k} {v[0]} -> {v[1]}" for k, v in (fit.get("changed") or {}).items())
