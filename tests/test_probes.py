@@ -322,11 +322,27 @@ def test_pyengines(monkeypatch):
         raise pyengines.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(pyengines.metadata, "version", fake_version)
+    monkeypatch.setattr(pyengines, "_maybe_installed", lambda names: True)
     facts = pyengines.probe()["python_engines"]
     assert facts["vllm"] == "0.8.5" and facts["torch_cuda"] == "12.4"
     versions.clear()
     with pytest.raises(_util.Absent):
         pyengines.probe()
+
+
+def test_pyengines_prefilter_reads_dist_info_names(tmp_path, monkeypatch):
+    """The start-up shortcut: no engine's dist-info on sys.path is Absent; one is a maybe (metadata decides)."""
+    (tmp_path / "requests-2.32.0.dist-info").mkdir()
+    monkeypatch.setattr(sys, "path", [str(tmp_path), str(tmp_path / "missing")])
+    assert pyengines._maybe_installed(pyengines.PACKAGES) is False
+    with pytest.raises(_util.Absent):
+        pyengines.probe()
+    (tmp_path / "Flashinfer_Python-0.2.dist-info").mkdir()
+    assert pyengines._maybe_installed(pyengines.PACKAGES) is True
+    zipped = tmp_path / "deps.zip"
+    zipped.write_bytes(b"PK")
+    monkeypatch.setattr(sys, "path", [str(zipped)])
+    assert pyengines._maybe_installed(("vllm",)) is True
 
 
 def test_pyengines_asks_the_engines_interpreter(tmp_path):

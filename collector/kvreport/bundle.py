@@ -46,15 +46,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from marshmallow import RAISE, Schema, ValidationError, fields, validate
+from kvreport.bundle_check import ACCEPTED_SCHEMAS, MAX_LOG_LINES, SCHEMA_ID, fast_load
 
-SCHEMA_ID = "kvreport/bundle@1"
-"""The bundle schema this code writes and reads; the number moves only with an incompatible change."""
+# SCHEMA_ID: the bundle schema this code writes and reads; the number moves only with an incompatible change.
+# MAX_LOG_LINES: most excerpt lines a bundle may carry (the collector keeps far fewer: see ``kvreport.excerpt``).
+__all__ = ["ACCEPTED_SCHEMAS", "MAX_LOG_LINES", "SCHEMA_ID", "BundleError", "validate_bundle", "looks_like_bundle",
+           "log_text", "new_bundle_id"]
 
-ACCEPTED_SCHEMAS = (SCHEMA_ID,)
 
-MAX_LOG_LINES = 20000
-"""Most excerpt lines a bundle may carry (the collector keeps far fewer: see ``kvreport.excerpt``)."""
+def __getattr__(name: str):
+    """The marshmallow schema classes (``BundleSchema``...), imported when first asked for."""
+    if name.endswith("Schema") or name == "StrictBoolean":
+        from kvreport import bundle_schema
+
+        return getattr(bundle_schema, name)
+    raise AttributeError(name)
 
 
 class BundleError(ValueError):
@@ -65,128 +71,6 @@ class BundleError(ValueError):
         self.messages = messages or {}
 
 
-def _finite_number(**kw):
-    return fields.Float(allow_nan=False, allow_none=True, **kw)
-
-
-class StrictBoolean(fields.Boolean):
-    """``true`` or ``false`` only: no ``"yes"``, ``"on"``, ``1`` or ``"true"`` coerced."""
-
-    def _deserialize(self, value, attr, data, **kwargs):
-        if not isinstance(value, bool):
-            raise self.make_error("invalid", input=value)
-        return value
-
-
-class _Open(Schema):
-    """A section whose unknown keys are kept as they are."""
-
-    class Meta:
-        unknown = "include"
-
-
-class HostSchema(_Open):
-    os = fields.String(allow_none=True)
-    os_release = fields.String(allow_none=True)
-    kernel = fields.String(allow_none=True)
-    machine = fields.String(allow_none=True)
-    cpu_model = fields.String(allow_none=True)
-    cpu_cores_physical = fields.Integer(allow_none=True, strict=True)
-    cpu_cores_logical = fields.Integer(allow_none=True, strict=True)
-    ram_total_mib = _finite_number()
-    ram_free_mib = _finite_number()
-    swap_total_mib = _finite_number()
-    swap_free_mib = _finite_number()
-    container = fields.Raw(allow_none=True)
-    wsl = StrictBoolean(allow_none=True)
-
-
-class ProcessSchema(_Open):
-    name = fields.String(allow_none=True)
-    used_mib = _finite_number()
-
-
-class DeviceSchema(_Open):
-    backend = fields.String(allow_none=True)
-    index = fields.Integer(allow_none=True, strict=True)
-    name = fields.String(allow_none=True)
-    total_mib = _finite_number()
-    free_mib = _finite_number()
-    used_mib = _finite_number()
-    driver_version = fields.String(allow_none=True)
-    compute_capability = fields.String(allow_none=True)
-    source = fields.String(allow_none=True)
-    max_alloc_mib = _finite_number()
-    processes = fields.List(fields.Nested(ProcessSchema), allow_none=True)
-
-
-class EngineSchema(_Open):
-    name = fields.String(allow_none=True)
-    version = fields.String(allow_none=True)
-    build_number = fields.Integer(allow_none=True, strict=True)
-    commit = fields.String(allow_none=True)
-    binary = fields.String(allow_none=True)
-    binary_realpath = fields.String(allow_none=True)
-
-
-class CommandSchema(_Open):
-    line = fields.String(allow_none=True)
-    argv = fields.List(fields.String(), allow_none=True)
-    engine_argv = fields.List(fields.String(), allow_none=True)
-    program = fields.String(allow_none=True)
-    flags = fields.Dict(keys=fields.String(), allow_none=True)
-    env = fields.Dict(keys=fields.String(), values=fields.String(allow_none=True), allow_none=True)
-
-
-class ModelSchema(_Open):
-    path = fields.String(allow_none=True)
-    file_name = fields.String(allow_none=True)
-    size_bytes = fields.Integer(allow_none=True, strict=True)
-    gguf = fields.Dict(keys=fields.String(), allow_none=True)
-
-
-class LogSchema(_Open):
-    line_count = fields.Integer(required=True, strict=True, validate=validate.Range(min=0))
-    truncated = StrictBoolean(load_default=False)
-    source = fields.String(allow_none=True)
-    lines = fields.List(
-        fields.Tuple((fields.Integer(strict=True, validate=validate.Range(min=1)), fields.String())),
-        required=True,
-        validate=validate.Length(max=MAX_LOG_LINES),
-    )
-
-
-class MemoryBeforeSchema(_Open):
-    device = fields.String(required=True)
-    name = fields.String(allow_none=True)
-    backend = fields.String(allow_none=True)
-    free_mib = _finite_number()
-    total_mib = _finite_number()
-    source = fields.String(allow_none=True)
-
-
-class BundleSchema(Schema):
-    """Validates a whole bundle (a ``dict`` decoded from JSON); ``load`` raises ``ValidationError``."""
-
-    class Meta:
-        unknown = RAISE
-
-    schema = fields.String(required=True, validate=validate.OneOf(ACCEPTED_SCHEMAS))
-    id = fields.String(required=True, validate=validate.Regexp(r"^[0-9A-HJKMNP-TV-Z]{26}$"))
-    created_at = fields.String(required=True, validate=validate.Length(min=10, max=40))
-    collector = fields.Dict(keys=fields.String(), load_default=dict)
-    host = fields.Nested(HostSchema, load_default=dict)
-    devices = fields.List(fields.Nested(DeviceSchema), load_default=list, validate=validate.Length(max=64))
-    probes = fields.Dict(keys=fields.String(), values=fields.String(), load_default=dict)
-    engine = fields.Nested(EngineSchema, load_default=dict)
-    command = fields.Nested(CommandSchema, load_default=dict)
-    model = fields.Nested(ModelSchema, allow_none=True, load_default=None)
-    log = fields.Nested(LogSchema, allow_none=True, load_default=None)
-    memory_before_launch = fields.List(fields.Nested(MemoryBeforeSchema), load_default=list,
-                                       validate=validate.Length(max=64))
-    redactions = fields.Dict(keys=fields.String(), values=fields.Integer(strict=True), load_default=dict)
-
-
 def validate_bundle(data: Any) -> dict:
     """Validate a decoded bundle and return it with defaults filled in.
 
@@ -195,6 +79,13 @@ def validate_bundle(data: Any) -> dict:
     """
     if not isinstance(data, dict):
         raise BundleError("a bundle is a JSON object")
+    fast = fast_load(data)
+    if fast is not None:
+        return fast
+    from marshmallow import ValidationError
+
+    from kvreport.bundle_schema import BundleSchema
+
     try:
         loaded = BundleSchema().load(data)
     except ValidationError as exc:
@@ -238,8 +129,18 @@ def log_text(bundle: dict) -> str:
     return "\n".join(text for _n, text in (log.get("lines") or []))
 
 
-def new_bundle_id() -> str:
-    """A new ULID string (26 characters, time-ordered, 80 bits of randomness)."""
-    from ulid import ULID
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
-    return str(ULID())
+
+def new_bundle_id() -> str:
+    """A new ULID string (26 characters, time-ordered, 80 bits of randomness).
+
+    The ULID layout (a 48-bit Unix time in milliseconds, then 80 random bits, 128 bits written as
+    26 Crockford base-32 digits) made here in a few lines: the ``ulid`` package's import alone took
+    longer than a whole ``kvreport --help``.
+    """
+    import os
+    import time
+
+    value = ((time.time_ns() // 1_000_000) & 0xFFFF_FFFF_FFFF) << 80 | int.from_bytes(os.urandom(10), "big")
+    return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))

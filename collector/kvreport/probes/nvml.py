@@ -9,12 +9,25 @@ tried instead.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 from kvreport.probes._util import MIB, Absent, ProbeFailed
 
+# What a loaded NVIDIA driver leaves on Linux: the control device and the /proc entry (both present in
+# containers given GPUs), or WSL's GPU paravirtualisation device. None of them: NVML cannot load.
+_LINUX_DRIVER_SIGNS = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/dxg")
+
+
+def _driver_absent() -> bool:
+    """True on Linux when no NVIDIA driver is loaded, so that ``pynvml`` (ctypes) is not even imported."""
+    return sys.platform.startswith("linux") and not any(os.path.exists(p) for p in _LINUX_DRIVER_SIGNS)
+
 
 def _load():
+    if _driver_absent():
+        raise Absent("no NVIDIA driver loaded (no /dev/nvidiactl, /proc/driver/nvidia or /dev/dxg)")
     try:
         import pynvml
     except ImportError:

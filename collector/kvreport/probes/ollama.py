@@ -45,6 +45,19 @@ def base_url(env: dict[str, str] | None = None) -> str | None:
     return f"{parts.scheme or 'http'}://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
+def _port_open(url: str, timeout: float) -> bool:
+    """Whether something accepts a TCP connection at ``url``'s host and port: the cheap test that
+    spares importing :mod:`urllib.request` (tens of ms) when no server runs, the common case."""
+    import socket
+
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname, parts.port or 80), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def _get_json(url: str, timeout: float):
     from urllib.request import Request, urlopen
 
@@ -91,6 +104,8 @@ def probe(timeout: float = 3.0, env: dict[str, str] | None = None) -> dict:
     if url and (not have_cli or facts.get("server_running", True)):
         http_timeout = min(0.5, timeout)
         try:
+            if not _port_open(url, http_timeout):
+                raise ConnectionRefusedError(url)
             facts["server_version"] = (_get_json(url + "/api/version", http_timeout) or {}).get("version")
             facts["loaded_models"] = parse_ps(_get_json(url + "/api/ps", http_timeout))
             facts["server_running"] = True

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import sys
-from importlib import metadata
 
 from kvreport.probes._util import Absent, ProbeFailed, one_line, run_tool, which
 
@@ -21,7 +20,47 @@ PACKAGES = ("vllm", "sglang", "torch", "transformers", "flashinfer-python", "xfo
             "llama_cpp_python", "text-generation-server")
 
 
+def __getattr__(name: str):
+    if name == "metadata":  # imported when first used (start-up), still reachable as pyengines.metadata
+        from importlib import metadata
+
+        return metadata
+    raise AttributeError(name)
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _maybe_installed(names: tuple[str, ...]) -> bool:
+    """False only when no directory of ``sys.path`` holds a distribution of any of ``names``.
+
+    A cheap look at the ``*.dist-info`` / ``*.egg-info`` / ``*.egg`` names, so that the common case
+    (none of the engines installed here) does not import :mod:`importlib.metadata` (tens of ms at
+    start-up). Any path entry that is not a plain directory (a zip, a custom finder) answers True,
+    and :mod:`importlib.metadata` decides.
+    """
+    wanted = {_norm(n) for n in names}
+    for entry in sys.path:
+        path = entry or "."
+        if not os.path.isdir(path):
+            if os.path.exists(path):
+                return True
+            continue
+        try:
+            with os.scandir(path) as it:
+                for e in it:
+                    stem, dot, ext = e.name.rpartition(".")
+                    if dot and ext in ("dist-info", "egg-info", "egg") and _norm(stem.split("-")[0]) in wanted:
+                        return True
+        except OSError:
+            return True
+    return False
+
+
 def _version(name: str) -> str | None:
+    from importlib import metadata
+
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -102,6 +141,10 @@ def probe(timeout: float = 3.0, interpreter: str | None = None) -> dict:
         facts["interpreter"] = interpreter
         _torch_build(facts, requires if isinstance(requires, list) else None)
         return {"python_engines": facts}
+    if not _maybe_installed(PACKAGES):
+        raise Absent("no Python engine installed")
+    from importlib import metadata
+
     found = {name: v for name in PACKAGES if (v := _version(name))}
     if not found:
         raise Absent("no Python engine installed")
