@@ -30,7 +30,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "server"))
+sys.path[:0] = [str(ROOT / "tests" / "server"), str(ROOT)]
 
 import psycopg  # noqa: E402
 import requests  # noqa: E402
@@ -52,7 +52,9 @@ LOG_KEEP = 40  # lines of each case's excerpt kept around the failure (keeps the
 
 
 def templates() -> list[tuple[dict, dict]]:
-    from server_helpers import SHARED_CASES, bundle_from_case
+    from server_helpers import bundle_from_case
+
+    from tests.paths import CASE_DIR as SHARED_CASES
 
     out = []
     for case in sorted(p.name for p in SHARED_CASES.iterdir() if (p / "log.txt").is_file()):

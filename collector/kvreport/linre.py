@@ -26,8 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-import re2
-
 __all__ = ["Match", "Pattern", "Subject", "compile"]
 
 # Python's str.isspace() in ASCII: RE2's \s lacks \v and \x1c-\x1f
@@ -52,14 +50,14 @@ class _Shadow(dict):
 
 
 _SHADOW = _Shadow()
-_ODD_ASCII = re2.compile(r"[\x01\x0b\x1c-\x1f]")
+_ODD_ASCII = (b"\x01", b"\x0b", b"\x1c", b"\x1d", b"\x1e", b"\x1f")  # ASCII that the stand-in changes
 
 
 def shadow(text: str) -> bytes:
     """The ASCII bytes RE2 reads for ``text`` (same length; see the module docstring)."""
     if text.isascii():
         data = text.encode("ascii")
-        if _ODD_ASCII.search(data) is None:
+        if not any(odd in data for odd in _ODD_ASCII):
             return data
     return text.translate(_SHADOW).encode("ascii")
 
@@ -130,12 +128,23 @@ class Pattern:
             full = f"{full}(?:{after})"
         if flags:
             full = f"(?{flags}){full}"
-        self._rx = re2.compile(full)
-        names = dict(self._rx.groupindex)
+        self._full = full
+
+    def __getattr__(self, name: str):
+        """The compiled pattern and its group tables, made on first use (importing a module full of
+        patterns costs nothing until one of them runs; ``re2`` itself is imported then too)."""
+        if name not in ("_rx", "_order", "_index", "groupindex"):
+            raise AttributeError(name)
+        import re2
+
+        rx = re2.compile(self.__dict__["_full"])
+        names = dict(rx.groupindex)
         # our group 0 is m__ (what lies between before and after); the others keep RE2's numbers
-        self._order = [names.pop("m__")] + list(range(1, self._rx.groups + 1))
+        self._order = [names.pop("m__")] + list(range(1, rx.groups + 1))
         self._index = names
         self.groupindex = dict(names)
+        self._rx = rx
+        return getattr(self, name)
 
     def _wrap(self, subj: Subject, m) -> Match:
         return Match(subj.text, [m.span(g) for g in self._order], self._index)

@@ -225,11 +225,13 @@ def all_devices(bundle: dict) -> list[dict]:
     return probed + [d for d in devices_in_log(bundle) if d["name"].lower() not in names]
 
 
-def bundle_facts(bundle: dict, diagnosis: dict) -> dict:
-    """The indexed columns of a bundle row (values cut to their column sizes; None when absent)."""
+def bundle_facts(bundle: dict, diagnosis: dict, devices: list[dict] | None = None) -> dict:
+    """The indexed columns of a bundle row (values cut to their column sizes; None when absent).
+
+    ``devices``: :func:`all_devices` of the bundle when the caller has it (it parses the log)."""
     engine = bundle.get("engine") or {}
     failure = diagnosis.get("failure") or {}
-    devices = all_devices(bundle)
+    devices = all_devices(bundle) if devices is None else devices
     model = bundle.get("model") or {}
     gpu = next((d.get("name") for d in devices if is_gpu(d)), None)
     return {
@@ -247,9 +249,18 @@ def bundle_facts(bundle: dict, diagnosis: dict) -> dict:
     }
 
 
-def facets(bundle: dict, diagnosis: dict) -> set[tuple[str, str]]:
+def facts_and_facets(bundle: dict, diagnosis: dict) -> tuple[dict, set[tuple[str, str]]]:
+    """:func:`bundle_facts` and :func:`facets` together, the log parsed once for both."""
+    devices = all_devices(bundle)
+    facts = bundle_facts(bundle, diagnosis, devices)
+    return facts, facets(bundle, diagnosis, facts=facts, devices=devices)
+
+
+def facets(bundle: dict, diagnosis: dict, *, facts: dict | None = None,
+           devices: list[dict] | None = None) -> set[tuple[str, str]]:
     """The (kind, value) pairs a bundle adds to its cluster's facet counts (each pair once)."""
-    facts = bundle_facts(bundle, diagnosis)
+    devices = all_devices(bundle) if devices is None else devices
+    facts = bundle_facts(bundle, diagnosis, devices) if facts is None else facts
     engine = bundle.get("engine") or {}
     out: set[tuple[str, str]] = set()
 
@@ -261,7 +272,7 @@ def facets(bundle: dict, diagnosis: dict) -> set[tuple[str, str]]:
     version = engine.get("version")
     build = facts["build_number"]
     add("engine_version", f"b{build}" if build is not None else version)
-    for d in all_devices(bundle):
+    for d in devices:
         if is_gpu(d):
             add("gpu", d.get("name"))
     add("model", facts["model_name"])

@@ -45,7 +45,14 @@ def as_utc(value: dt.datetime | None) -> dt.datetime | None:
 
 
 def ensure_cluster(session: Session, sig: dict, diagnosis: dict) -> int:
-    """The id of the cluster for ``sig`` (``analysis.signature_of``), created if needed (race-safe)."""
+    """The id of the cluster for ``sig`` (``analysis.signature_of``), created if needed (race-safe).
+
+    A plain indexed read when the cluster exists (it takes no lock); an insert that does nothing on
+    conflict when it does not. Counters start at 0: :func:`_apply` adds the bundles."""
+    ct = Cluster.__table__
+    found = session.execute(select(ct.c.id).where(ct.c.scheme == sig["scheme"], ct.c.key == sig["key"])).scalar()
+    if found is not None:
+        return found
     failure = diagnosis.get("failure") or {}
     values = {
         "scheme": sig["scheme"], "key": sig["key"], "signature_id": sig["id"], "title": sig["title"],
@@ -53,103 +60,144 @@ def ensure_cluster(session: Session, sig: dict, diagnosis: dict) -> int:
         "backend": analysis._cut(failure.get("backend"), 40), "verdict": analysis._cut(failure.get("verdict"), 40),
         "count": 0, "machines": 0, "status": "new",
     }
-    stmt = _insert(session)(Cluster.__table__).values(**values).on_conflict_do_nothing(
-        index_elements=["scheme", "key"])
-    session.execute(stmt)
-    return session.execute(
-        select(Cluster.id).where(Cluster.scheme == sig["scheme"], Cluster.key == sig["key"])).scalar_one()
-
-
-def _upsert_count(session: Session, table, keys: dict, delta: int) -> int:
-    stmt = _insert(session)(table).values(**keys, count=delta)
-    stmt = stmt.on_conflict_do_update(index_elements=list(keys), set_={"count": table.c.count + delta})
-    return session.execute(stmt.returning(table.c.count)).scalar_one()
-
-
-def _counter_updates(t: dt.datetime, build: int | None, version: str | None, verdict: str | None = None) -> dict:
-    """SET clauses that add one bundle received at ``t`` (engine build ``build``) to a cluster row."""
-    c = Cluster.__table__.c
-    return dict(
-        count=c.count + 1,
-        first_seen=case((c.first_seen.is_(None), t), (c.first_seen > t, t), else_=c.first_seen),
-        last_seen=case((c.last_seen.is_(None), t), (c.last_seen < t, t), else_=c.last_seen),
-        min_build=case((c.min_build.is_(None), build), (c.min_build > build, build), else_=c.min_build)
-        if build is not None else c.min_build,
-        max_build=case((c.max_build.is_(None), build), (c.max_build < build, build), else_=c.max_build)
-        if build is not None else c.max_build,
-        first_version=case((c.min_build.is_(None), version), (c.min_build > build, version),
-                           else_=c.first_version) if build is not None
-        else case((c.first_version.is_(None), version), else_=c.first_version),
-        # the verdict is not part of the key (scheme 2): the cluster shows a known one once a bundle has it
-        verdict=case(((c.verdict.is_(None)) | (c.verdict == "unknown"), verdict), else_=c.verdict)
-        if verdict and verdict != "unknown" else c.verdict,
-        updated_at=utcnow(),
-    )
+    session.execute(_insert(session)(ct).values(**values).on_conflict_do_nothing(index_elements=["scheme", "key"]))
+    return session.execute(select(ct.c.id).where(ct.c.scheme == sig["scheme"], ct.c.key == sig["key"])).scalar_one()
 
 
 def _version_of(build: int | None, engine_version: str | None) -> str | None:
     return f"b{build}" if build is not None else engine_version
 
 
-def _count_facets_and_day(session: Session, cluster_id: int, t: dt.datetime,
-                          bundle_facets: set[tuple[str, str]]) -> None:
-    """Add one bundle's facet values, distinct machine and day to a cluster."""
+@dataclasses.dataclass
+class _Arrival:
+    """One bundle counted into a cluster: when it came, its engine build and version, its verdict."""
+
+    t: dt.datetime
+    build: int | None
+    version: str | None
+    verdict: str | None
+
+
+@dataclasses.dataclass
+class Counts:
+    """Counter changes of one transaction, applied by :func:`_apply` at its end in one lock order.
+
+    Every writer (upload, delete, re-analysis) collects its changes here first and applies them last,
+    in the same global order — facet rows by (cluster, kind, value), then day rows by (cluster, day),
+    then cluster rows by id — so the shared counter rows of a popular signature are held only for
+    the few statements before the commit, and two writers never wait on each other in a cycle.
+    """
+
+    facets: dict[tuple[int, str, str], int] = dataclasses.field(default_factory=dict)
+    days: dict[tuple[int, dt.date], int] = dataclasses.field(default_factory=dict)
+    count: dict[int, int] = dataclasses.field(default_factory=dict)
+    arrivals: dict[int, list[_Arrival]] = dataclasses.field(default_factory=dict)
+    lost: set[int] = dataclasses.field(default_factory=set)
+    titles: dict[int, str] = dataclasses.field(default_factory=dict)
+
+    def _bump(self, cid: int, t: dt.datetime, facets: set[tuple[str, str]], delta: int) -> None:
+        self.count[cid] = self.count.get(cid, 0) + delta
+        for kind, value in facets:
+            k = (cid, kind, value)
+            self.facets[k] = self.facets.get(k, 0) + delta
+        d = (cid, t.date())
+        self.days[d] = self.days.get(d, 0) + delta
+
+    def add(self, cid: int, t: dt.datetime, build: int | None, engine_version: str | None, verdict: str | None,
+            facets: set[tuple[str, str]]) -> None:
+        t = as_utc(t)
+        self._bump(cid, t, facets, 1)
+        self.arrivals.setdefault(cid, []).append(_Arrival(t, build, _version_of(build, engine_version), verdict))
+
+    def remove(self, cid: int, t: dt.datetime, facets: set[tuple[str, str]]) -> None:
+        self._bump(cid, as_utc(t), facets, -1)
+        self.lost.add(cid)
+
+
+def _merge_updates(arrivals: list[_Arrival]) -> dict:
+    """SET clauses that merge new bundles into a cluster's first/last seen, build range, first version, verdict."""
     c = Cluster.__table__.c
-    new_machines = 0
-    if bundle_facets:
-        # one multi-row upsert, rows in a fixed order (no lock-order deadlocks between uploads)
-        ft = ClusterFacet.__table__
-        rows = [{"cluster_id": cluster_id, "kind": k, "value": v, "count": 1} for k, v in sorted(bundle_facets)]
-        stmt = _insert(session)(ft).values(rows)
-        stmt = stmt.on_conflict_do_update(index_elements=["cluster_id", "kind", "value"],
-                                          set_={"count": ft.c.count + 1}).returning(ft.c.kind, ft.c.count)
-        new_machines = sum(1 for kind, n in session.execute(stmt) if kind == "machine" and n == 1)
-    if new_machines:
-        session.execute(update(Cluster.__table__).where(c.id == cluster_id)
-                        .values(machines=c.machines + new_machines))
-    _upsert_count(session, ClusterDay.__table__, {"cluster_id": cluster_id, "day": t.date()}, 1)
+    t_first = min(a.t for a in arrivals)
+    t_last = max(a.t for a in arrivals)
+    built = [a for a in arrivals if a.build is not None]
+    out = dict(first_seen=case((c.first_seen.is_(None), t_first), (c.first_seen > t_first, t_first), else_=c.first_seen),
+               last_seen=case((c.last_seen.is_(None), t_last), (c.last_seen < t_last, t_last), else_=c.last_seen))
+    if built:
+        lo = min(built, key=lambda a: a.build)
+        hi = max(a.build for a in built)
+        out.update(
+            min_build=case((c.min_build.is_(None), lo.build), (c.min_build > lo.build, lo.build), else_=c.min_build),
+            max_build=case((c.max_build.is_(None), hi), (c.max_build < hi, hi), else_=c.max_build),
+            first_version=case((c.min_build.is_(None), lo.version), (c.min_build > lo.build, lo.version),
+                               else_=c.first_version))
+    else:
+        version = min(arrivals, key=lambda a: a.t).version
+        out["first_version"] = case((c.first_version.is_(None), version), else_=c.first_version)
+    # the verdict is not part of the key (scheme 2): the cluster shows a known one once a bundle has it
+    verdict = next((a.verdict for a in arrivals if a.verdict and a.verdict != "unknown"), None)
+    if verdict:
+        out["verdict"] = case(((c.verdict.is_(None)) | (c.verdict == "unknown"), verdict), else_=c.verdict)
+    return out
 
 
-def _count_in(session: Session, cluster_id: int, row: Bundle, bundle_facets: set[tuple[str, str]]) -> None:
-    """Add one bundle to an existing cluster's counters (the caller holds the transaction)."""
-    t = as_utc(row.received_at)
-    updates = _counter_updates(t, row.build_number, _version_of(row.build_number, row.engine_version), row.verdict)
-    session.execute(update(Cluster.__table__).where(Cluster.__table__.c.id == cluster_id).values(**updates))
-    _count_facets_and_day(session, cluster_id, t, bundle_facets)
+def _apply_rows(session: Session, table, key_cols: tuple[str, ...], deltas: dict) -> list:
+    """Add ``deltas`` ({key tuple: delta}) to the ``count`` of ``table``'s rows in key order, in one
+    upsert; delete the rows that reach 0. Returns (key tuple, new count, delta) per row."""
+    items = sorted((k, d) for k, d in deltas.items() if d)
+    if not items:
+        return []
+    rows = [{**dict(zip(key_cols, k, strict=True)), "count": d} for k, d in items]
+    stmt = _insert(session)(table).values(rows)
+    stmt = stmt.on_conflict_do_update(index_elements=list(key_cols), set_={"count": table.c.count + stmt.excluded.count})
+    got = {tuple(r[:-1]): r[-1] for r in session.execute(stmt.returning(*(table.c[k] for k in key_cols), table.c.count))}
+    out = [(k, got[k], d) for k, d in items]
+    gone = [k for k, n, _d in out if n <= 0]
+    for k in gone:
+        session.execute(delete(table).where(*(table.c[col] == v for col, v in zip(key_cols, k, strict=True)),
+                                            table.c.count <= 0))
+    return out
 
 
-def _count_out(session: Session, cluster_id: int, row: Bundle, bundle_facets: set[tuple[str, str]]) -> None:
-    """Remove one bundle from a cluster's counters; call after the row left the cluster."""
-    c = Cluster.__table__.c
-    session.execute(update(Cluster.__table__).where(c.id == cluster_id).values(count=c.count - 1))
-    gone_machines = 0
-    ft = ClusterFacet.__table__
-    for kind, value in sorted(bundle_facets):
-        n = session.execute(
-            update(ft).where(ft.c.cluster_id == cluster_id, ft.c.kind == kind, ft.c.value == value)
-            .values(count=ft.c.count - 1).returning(ft.c.count)).scalar_one_or_none()
-        if n is not None and n <= 0:
-            session.execute(delete(ft).where(ft.c.cluster_id == cluster_id, ft.c.kind == kind, ft.c.value == value))
-            if kind == "machine":
-                gone_machines += 1
-    dtab = ClusterDay.__table__
-    day = as_utc(row.received_at).date()
-    session.execute(update(dtab).where(dtab.c.cluster_id == cluster_id, dtab.c.day == day)
-                    .values(count=dtab.c.count - 1))
-    session.execute(delete(dtab).where(dtab.c.cluster_id == cluster_id, dtab.c.day == day, dtab.c.count <= 0))
+def _recompute(session: Session, cid: int) -> dict:
+    """First/last seen, build range and first version of a cluster that lost bundles, from its rows."""
     b = Bundle.__table__.c
     first, last, lo, hi = session.execute(
         select(func.min(b.received_at), func.max(b.received_at), func.min(b.build_number), func.max(b.build_number))
-        .where(b.cluster_id == cluster_id)).one()
+        .where(b.cluster_id == cid)).one()
     first_version = None
     if lo is not None:
         first_version = f"b{lo}"
     elif first is not None:
         first_version = session.execute(
-            select(b.engine_version).where(b.cluster_id == cluster_id).order_by(b.received_at).limit(1)).scalar()
-    session.execute(update(Cluster.__table__).where(c.id == cluster_id).values(
-        first_seen=first, last_seen=last, min_build=lo, max_build=hi, first_version=first_version,
-        machines=c.machines - gone_machines, updated_at=utcnow()))
+            select(b.engine_version).where(b.cluster_id == cid).order_by(b.received_at).limit(1)).scalar()
+    return dict(first_seen=first, last_seen=last, min_build=lo, max_build=hi, first_version=first_version)
+
+
+def _apply(session: Session, counts: Counts) -> dict[int, Cluster]:
+    """Apply ``counts`` in the global lock order (see :class:`Counts`); the updated clusters by id."""
+    machines: dict[int, int] = {}
+    for (cid, kind, _v), n, d in _apply_rows(session, ClusterFacet.__table__, ("cluster_id", "kind", "value"),
+                                             counts.facets):
+        if kind == "machine":
+            machines[cid] = machines.get(cid, 0) + (n > 0) - (n - d > 0)
+    _apply_rows(session, ClusterDay.__table__, ("cluster_id", "day"), counts.days)
+    ct = Cluster.__table__
+    c = ct.c
+    out: dict[int, Cluster] = {}
+    for cid in sorted(set(counts.count) | set(counts.arrivals) | counts.lost | set(counts.titles)):
+        values: dict = {"count": c.count + counts.count.get(cid, 0),
+                        "machines": c.machines + machines.get(cid, 0), "updated_at": utcnow()}
+        if cid not in counts.lost and counts.arrivals.get(cid):
+            values.update(_merge_updates(counts.arrivals[cid]))
+        if cid in counts.titles:
+            values["title"] = counts.titles[cid]
+        row = session.execute(update(ct).where(c.id == cid).values(**values).returning(*ct.c)).one_or_none()
+        if row is not None and cid in counts.lost:  # the row is locked now: its bundles are settled
+            row = session.execute(update(ct).where(c.id == cid).values(**_recompute(session, cid))
+                                  .returning(*ct.c)).one()
+        if row is not None:
+            out[cid] = Cluster(**dict(row._mapping))
+    return out
 
 
 def ingest(db: Database, bundle: dict, *, size_bytes: int = 0, token_id: int | None = None,
@@ -158,44 +206,28 @@ def ingest(db: Database, bundle: dict, *, size_bytes: int = 0, token_id: int | N
 
     Raises :class:`ApiError` 409 when the id is stored with different content. Safe under
     concurrent uploads of the same id (the loser of the insert race re-reads and answers 200/409).
+
+    The transaction inserts the bundle first (no shared row is locked by that) and updates the
+    counters last (:func:`_apply`), so uploads of one signature hold its counter rows only for the
+    statements before the commit, not for the whole transaction.
     """
     digest = analysis.content_hash(bundle)
-    existing = _existing(db, bundle["id"], digest)
-    if existing is not None:
-        return existing
     diagnosis = analysis.diagnose(bundle)
     sig = analysis.signature_of(diagnosis)
-    facts = analysis.bundle_facts(bundle, diagnosis)
-    bundle_facets = analysis.facets(bundle, diagnosis)
+    facts, bundle_facets = analysis.facts_and_facets(bundle, diagnosis)
     t = as_utc(received_at or utcnow())
-    build = facts["build_number"]
-    version = _version_of(build, facts["engine_version"])
-    failure = diagnosis.get("failure") or {}
-    first = {
-        "scheme": sig["scheme"], "key": sig["key"], "signature_id": sig["id"], "title": sig["title"],
-        "engine": analysis._cut(diagnosis.get("engine"), 40), "phase": analysis._cut(failure.get("phase"), 40),
-        "backend": analysis._cut(failure.get("backend"), 40), "verdict": analysis._cut(failure.get("verdict"), 40),
-        "count": 1, "machines": 0, "status": "new", "first_seen": t, "last_seen": t, "min_build": build,
-        "max_build": build, "first_version": version, "updated_at": utcnow(),
-    }
     try:
         with db.write_lock(), db.Session() as session, session.begin():
-            # 1. the cluster row, created or counted in one upsert (this also takes its row lock first,
-            #    so concurrent uploads to one cluster queue here and never deadlock)
-            ct = Cluster.__table__
-            stmt = _insert(session)(ct).values(**first).on_conflict_do_update(
-                index_elements=["scheme", "key"], set_=_counter_updates(t, build, version, first["verdict"])).returning(*ct.c)
-            crow = session.execute(stmt).one()
-            cluster = Cluster(**dict(crow._mapping))
-            # 2. the bundle (a duplicate id raises IntegrityError and rolls everything back)
+            cluster_id = ensure_cluster(session, sig, diagnosis)
             session.execute(insert(Bundle.__table__).values(
-                id=bundle["id"], cluster_id=cluster.id, content_hash=digest, data=bundle, diagnosis=diagnosis,
+                id=bundle["id"], cluster_id=cluster_id, content_hash=digest, data=bundle, diagnosis=diagnosis,
                 analyzer_version=str(diagnosis.get("analyzer_version") or analysis.analyzer_version())[:40],
                 created_at=str(bundle.get("created_at"))[:40], received_at=t,
                 size_bytes=min(int(size_bytes), 2**31 - 1), token_id=token_id,
                 flagged_secrets=list(flagged)[:100] if flagged else None, **facts))
-            # 3. facets, distinct machines, per-day count
-            _count_facets_and_day(session, cluster.id, t, bundle_facets)
+            counts = Counts()
+            counts.add(cluster_id, t, facts["build_number"], facts["engine_version"], facts["verdict"], bundle_facets)
+            cluster = _apply(session, counts)[cluster_id]
         return IngestResult(201, bundle["id"], cluster, diagnosis)
     except IntegrityError:
         existing = _existing(db, bundle["id"], digest)
@@ -222,53 +254,86 @@ def delete_bundle(db: Database, bundle_id: str) -> bool:
         row = session.get(Bundle, bundle_id, with_for_update=True)
         if row is None:
             return False
-        bundle_facets = analysis.facets(row.data, row.diagnosis)
-        cluster_id = row.cluster_id
+        counts = Counts()
+        counts.remove(row.cluster_id, row.received_at, analysis.facets(row.data, row.diagnosis))
         session.delete(row)
         session.flush()
-        _count_out(session, cluster_id, row, bundle_facets)
+        _apply(session, counts)
     return True
 
 
-def reanalyze(db: Database, *, batch_size: int = 200, max_batches: int | None = None,
+def _reanalysis_of(row) -> dict:
+    """The new diagnosis, signature, facts and facets of a stored bundle, and its old facets (no database)."""
+    diagnosis = analysis.diagnose(row.data)
+    facts, new_facets = analysis.facts_and_facets(row.data, diagnosis)
+    return {"diagnosis": diagnosis, "sig": analysis.signature_of(diagnosis), "facts": facts, "facets": new_facets,
+            "old_facets": analysis.facets(row.data, row.diagnosis)}
+
+
+def _reanalyze_batch(db: Database, current: str, last_id: str, batch_size: int) -> tuple[int, int, str] | None:
+    """One batch: read rows (no lock), analyze them (no transaction), then one short write transaction.
+
+    Returns (seen, moved, last id) or None when no bundle is left after ``last_id``. A row changed by
+    someone else meanwhile (deleted, re-analyzed) is skipped; counters move with the rows in the
+    write transaction (:class:`Counts`), so the run can stop anywhere and resume without double counting.
+    """
+    b = Bundle.__table__.c
+    with db.Session() as session:
+        rows = session.execute(
+            select(b.id, b.cluster_id, b.data, b.diagnosis, b.received_at).where(b.analyzer_version != current,
+                                                                                   b.id > last_id)
+            .order_by(b.id).limit(batch_size)).all()
+    if not rows:
+        return None
+    work = {row.id: (row, _reanalysis_of(row)) for row in rows}
+    seen = moved = 0
+    with db.write_lock(), db.Session() as session, session.begin():
+        new_ids = {}
+        for rid in sorted(work, key=lambda r: (work[r][1]["sig"]["scheme"], work[r][1]["sig"]["key"])):
+            new = work[rid][1]
+            new_ids[rid] = ensure_cluster(session, new["sig"], new["diagnosis"])
+        locked = {r.id: r for r in session.execute(
+            select(b.id, b.cluster_id, b.analyzer_version).where(b.id.in_(list(work))).order_by(b.id).with_for_update())}
+        counts = Counts()
+        for rid, (old, new) in work.items():
+            now = locked.get(rid)
+            if now is None or now.analyzer_version == current or now.cluster_id != old.cluster_id:
+                continue
+            cid = new_ids[rid]
+            facts = new["facts"]
+            session.execute(update(Bundle.__table__).where(b.id == rid).values(
+                diagnosis=new["diagnosis"], analyzer_version=current[:40], cluster_id=cid, **facts))
+            counts.remove(old.cluster_id, old.received_at, new["old_facets"])
+            counts.add(cid, old.received_at, facts["build_number"], facts["engine_version"], facts["verdict"],
+                       new["facets"])
+            counts.titles[cid] = new["sig"]["title"]
+            seen += 1
+            moved += int(cid != old.cluster_id)
+        _apply(session, counts)
+    return seen, moved, rows[-1].id
+
+
+def reanalyze(db: Database, *, batch_size: int = 50, max_batches: int | None = None,
               progress: Callable[[dict], None] | None = None) -> dict:
     """Re-run the analyzer over bundles whose ``analyzer_version`` differs from the current one.
 
-    Works in batches, each one transaction (bundle rows and counters move together), so it can be
-    stopped at any point and run again without double counting. Returns ``{"seen", "moved",
-    "batches", "remaining"}``.
+    Works in small batches (:func:`_reanalyze_batch`): the analysis runs outside any transaction and
+    each batch commits in one short transaction that takes the counter rows last, in the uploads'
+    lock order, so re-analysis beside uploads neither holds a cluster row for long nor deadlocks with
+    them. It can be stopped at any point and run again without double counting. Returns ``{"seen",
+    "moved", "batches", "remaining"}``.
     """
     current = analysis.analyzer_version()
     stats = {"seen": 0, "moved": 0, "batches": 0, "remaining": 0}
     last_id = ""
     while max_batches is None or stats["batches"] < max_batches:
-        with db.write_lock(), db.Session() as session, session.begin():
-            rows = session.execute(
-                select(Bundle).where(Bundle.analyzer_version != current, Bundle.id > last_id)
-                .order_by(Bundle.id).limit(batch_size).with_for_update()).scalars().all()
-            if not rows:
-                break
-            for row in rows:
-                last_id = row.id
-                old_facets = analysis.facets(row.data, row.diagnosis)
-                old_cluster = row.cluster_id
-                diagnosis = analysis.diagnose(row.data)
-                sig = analysis.signature_of(diagnosis)
-                new_cluster = ensure_cluster(session, sig, diagnosis)
-                session.execute(update(Cluster.__table__).where(Cluster.__table__.c.id == new_cluster,
-                                                                Cluster.__table__.c.title != sig["title"])
-                                .values(title=sig["title"]))
-                row.diagnosis = diagnosis
-                row.analyzer_version = current[:40]
-                for k, v in analysis.bundle_facts(row.data, diagnosis).items():
-                    setattr(row, k, v)
-                row.cluster_id = new_cluster
-                session.flush()
-                _count_out(session, old_cluster, row, old_facets)
-                _count_in(session, new_cluster, row, analysis.facets(row.data, diagnosis))
-                stats["seen"] += 1
-                stats["moved"] += int(new_cluster != old_cluster)
-            stats["batches"] += 1
+        done = _reanalyze_batch(db, current, last_id, batch_size)
+        if done is None:
+            break
+        seen, moved, last_id = done
+        stats["seen"] += seen
+        stats["moved"] += moved
+        stats["batches"] += 1
         if progress:
             progress(dict(stats))
     with db.Session() as session:
