@@ -7,15 +7,20 @@ database server's own CPU is not in it):
 * parse   — ``limits.parse_json`` + ``limits.check_and_clean`` (the shape budget, NUL/surrogate cleaning)
 * validate — ``kvreport.bundle.validate_bundle``
 * secrets — ``analysis.find_secrets`` (the server's second redaction pass)
-* analyze — ``analysis.diagnose`` (the analyzer)
-* store   — ``store.ingest`` (hash, facts, facets, and the SQL of the insert transaction; it runs the
-  analyzer once more inside, so store = ingest - analyze)
+* analyze — the analyzer and the bundle's facts and facets as ``store.ingest`` computes them
+  (``analysis.diagnose_with_devices`` + ``analysis.facts_and_facets``: the log parsed once), or
+  ``analysis.diagnose`` + ``analysis.facets`` on a server without them (``--ref``-style old code)
+* store   — the rest of ``store.ingest``: content hash and the SQL of the insert transaction
+  (ingest runs the analysis inside, so store = ingest - analyze)
 
 Printed: the median per bundle of each stage and their total, the baseline ``json.loads`` median of
 the same bodies in the same run, the ratio, and the load average. ``--profile`` adds cProfile's top
 functions of the whole path. PostgreSQL by default (a throwaway database), ``--sqlite`` for SQLite.
 
-    .venv/bin/python bench/bench_ingest_cpu.py [--rounds 5] [--profile] [--sqlite]
+    .venv/bin/python bench/bench_ingest_cpu.py [--rounds 5] [--profile] [--sqlite] [--ref REV]
+
+``--ref REV`` runs the same measurement, in the same run, on the collector and server of git
+revision REV (exported with ``git archive`` into bench/out/) and prints both side by side.
 """
 
 from __future__ import annotations
@@ -43,6 +48,16 @@ def _cpu(fn, *a, **kw):
     t = time.process_time_ns()
     out = fn(*a, **kw)
     return out, (time.process_time_ns() - t) / 1e6
+
+
+def _analysis_as_ingest_does(analysis, bundle: dict) -> None:
+    if hasattr(analysis, "diagnose_with_devices"):
+        diagnosis, devices = analysis.diagnose_with_devices(bundle)
+        analysis.facts_and_facets(bundle, diagnosis, devices)
+    else:
+        diagnosis = analysis.diagnose(bundle)
+        analysis.bundle_facts(bundle, diagnosis)
+        analysis.facets(bundle, diagnosis)
 
 
 def run(url: str, rounds: int, profile: bool) -> dict:
@@ -77,7 +92,7 @@ def run(url: str, rounds: int, profile: bool) -> dict:
                              max_devices=cfg["MAX_DEVICES"])
         bundle, t_val = _cpu(validate_bundle, data)
         (refuse, flagged), t_sec = _cpu(analysis.find_secrets, bundle)
-        _, t_an = _cpu(analysis.diagnose, bundle)
+        _, t_an = _cpu(_analysis_as_ingest_does, analysis, bundle)
         _, t_ingest = _cpu(store.ingest, db, bundle, size_bytes=len(body),
                            flagged=[f"{p} ({k})" for p, k in refuse + flagged])
         if prof:
@@ -105,12 +120,48 @@ def run(url: str, rounds: int, profile: bool) -> dict:
     return out
 
 
+def _export(ref: str) -> Path:
+    import subprocess
+
+    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", ref], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    dest = ROOT / "bench" / "out" / f"ref-{sha}"
+    if not (dest / "server" / "kvreport_server" / "store.py").is_file():
+        dest.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", sha, "collector", "server", "migrations",
+                                  "alembic.ini"], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
+def _with_ref(args) -> int:
+    import subprocess
+
+    rows = {}
+    for label, code in (("now", ROOT), (args.ref, _export(args.ref))):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code / "collector"), str(code / "server"), str(ROOT)])}
+        argv = [sys.executable, __file__, "--rounds", str(args.rounds), "--json"] + (["--sqlite"] if args.sqlite else [])
+        out = subprocess.run(argv, env=env, cwd=code, capture_output=True, text=True, check=True).stdout
+        rows[label] = json.loads(out.strip().splitlines()[-1])
+    print(f"server CPU per bundle, ms of the server process's CPU (medians over {rows['now']['n']} uploads of the "
+          f"shared cases), {'SQLite' if args.sqlite else 'PostgreSQL'}, {os.cpu_count()} CPUs\n")
+    print(f"{'stage':12} {'now':>8} {args.ref:>10}")
+    for k in (*STAGES, "total", "json.loads"):
+        print(f"{k:12} {rows['now'][k]:8.2f} {rows[args.ref][k]:10.2f}")
+    print(f"{'load (1 min)':12} {rows['now']['load']:>8} {rows[args.ref]['load']:>10}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--sqlite", action="store_true")
+    ap.add_argument("--ref", help="also measure the code of this git revision, in the same run")
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.ref:
+        return _with_ref(args)
     load0 = os.getloadavg()
     if args.sqlite:
         tmp = tempfile.mkdtemp(prefix="kvr-ingest-")
@@ -129,6 +180,9 @@ def main() -> int:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         where = "PostgreSQL"
     load1 = os.getloadavg()
+    if args.json:
+        print(json.dumps({**res, "load": f"{load0[0]:.2f}..{load1[0]:.2f}"}))
+        return 0
     base = res["json.loads"]
     print(f"server CPU per bundle ({where}; {res['n']} uploads of the shared cases; medians, ms of this process's CPU)")
     print(f"load average (1 min) {load0[0]:.2f} at start, {load1[0]:.2f} at end; {os.cpu_count()} CPUs\n")

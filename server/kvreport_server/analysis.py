@@ -63,6 +63,50 @@ def diagnose(bundle: dict) -> dict:
     return diag
 
 
+def diagnose_with_devices(bundle: dict) -> tuple[dict, list[dict]]:
+    """:func:`diagnose` and :func:`all_devices` of a bundle with its log parsed once, not twice.
+
+    ``kvreport.analyze.analyze(bundle)`` is ``diagnose(parse_log(lines), bundle)`` and
+    ``devices_in_log(bundle)`` reads ``parse_log(lines).devices``: both are taken here from one parse
+    (the log parse is most of an upload's CPU). ``tests/server/test_ingest_parse_once.py`` checks that
+    both answers equal the two separate calls on every real case.
+    """
+    try:
+        from kvreport.analyze import diagnose as diagnose_facts
+        from kvreport.analyze import parse_log
+    except ImportError as exc:
+        return _fallback(f"analyzer not installed ({exc})"), []
+    log_section = bundle.get("log") if isinstance(bundle.get("log"), dict) else {}
+    lines = log_section.get("lines") or []
+    try:
+        facts = parse_log(lines if isinstance(lines, list) else [])
+        diag = diagnose_facts(facts, bundle)
+    except Exception as exc:  # noqa: BLE001 - a bad rule must not lose an upload
+        log.exception("analyzer failed on bundle %s", bundle.get("id"))
+        return _fallback(f"analyzer error: {type(exc).__name__}"), all_devices(bundle)
+    if not isinstance(diag, dict) or not isinstance(diag.get("signature"), dict):
+        return _fallback("analyzer returned no signature"), all_devices(bundle)
+    return diag, _probed_then_logged(bundle, _log_devices(facts))
+
+
+def _log_devices(facts) -> list[dict]:
+    """``kvreport.analyze.devices_in_log`` from an already parsed log (same entries, same order)."""
+    from kvreport.vocab import backend_of_device
+
+    out: list[dict] = []
+    for key, dev in facts.devices.items():
+        key = str(key)
+        backend = backend_of_device(key)
+        description = dev.get("description")
+        if backend == "cpu" or key.upper() == "CPU" or (backend is None and not description):
+            continue
+        digits = key[len(key.rstrip("0123456789")):]
+        entry = {"backend": backend, "index": int(digits) if digits else None, "name": str(description or key).strip(),
+                 "device": key, "total_mib": dev.get("total_mib"), "free_mib": dev.get("free_mib"), "source": "log"}
+        out.append({k: v for k, v in entry.items() if v is not None})
+    return out
+
+
 def explain(bundle: dict) -> list[dict]:
     """For the bundle page's collapsed "Why kvreport says this": every fact with its rule and log line
     (kvreport.explain), recomputed from the stored bundle; [] when the analyzer is not installed or fails."""
@@ -220,9 +264,13 @@ def all_devices(bundle: dict) -> list[dict]:
     (:func:`kvreport.analyze.devices_in_log`)."""
     from kvreport.analyze import devices_in_log
 
+    return _probed_then_logged(bundle, devices_in_log(bundle))
+
+
+def _probed_then_logged(bundle: dict, logged: list[dict]) -> list[dict]:
     probed = [d for d in (bundle.get("devices") or []) if isinstance(d, dict)]
     names = {str(d.get("name") or "").strip().lower() for d in probed}
-    return probed + [d for d in devices_in_log(bundle) if d["name"].lower() not in names]
+    return probed + [d for d in logged if d["name"].lower() not in names]
 
 
 def bundle_facts(bundle: dict, diagnosis: dict, devices: list[dict] | None = None) -> dict:
@@ -249,9 +297,10 @@ def bundle_facts(bundle: dict, diagnosis: dict, devices: list[dict] | None = Non
     }
 
 
-def facts_and_facets(bundle: dict, diagnosis: dict) -> tuple[dict, set[tuple[str, str]]]:
-    """:func:`bundle_facts` and :func:`facets` together, the log parsed once for both."""
-    devices = all_devices(bundle)
+def facts_and_facets(bundle: dict, diagnosis: dict,
+                     devices: list[dict] | None = None) -> tuple[dict, set[tuple[str, str]]]:
+    """:func:`bundle_facts` and :func:`facets` together, the log parsed (at most) once for both."""
+    devices = all_devices(bundle) if devices is None else devices
     facts = bundle_facts(bundle, diagnosis, devices)
     return facts, facets(bundle, diagnosis, facts=facts, devices=devices)
 

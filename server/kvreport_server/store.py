@@ -147,9 +147,12 @@ def _apply_rows(session: Session, table, key_cols: tuple[str, ...], deltas: dict
     if not items:
         return []
     rows = [{**dict(zip(key_cols, k, strict=True)), "count": d} for k, d in items]
-    stmt = _insert(session)(table).values(rows)
+    # one statement of a fixed shape (cached compiled); SQLAlchemy sends the rows as one multi-row
+    # INSERT in this order ("insertmanyvalues"), so the row locks are taken in key order
+    stmt = _insert(session)(table)
     stmt = stmt.on_conflict_do_update(index_elements=list(key_cols), set_={"count": table.c.count + stmt.excluded.count})
-    got = {tuple(r[:-1]): r[-1] for r in session.execute(stmt.returning(*(table.c[k] for k in key_cols), table.c.count))}
+    stmt = stmt.returning(*(table.c[k] for k in key_cols), table.c.count, sort_by_parameter_order=True)
+    got = {tuple(r[:-1]): r[-1] for r in session.execute(stmt, rows)}
     out = [(k, got[k], d) for k, d in items]
     gone = [k for k, n, _d in out if n <= 0]
     for k in gone:
@@ -212,9 +215,9 @@ def ingest(db: Database, bundle: dict, *, size_bytes: int = 0, token_id: int | N
     statements before the commit, not for the whole transaction.
     """
     digest = analysis.content_hash(bundle)
-    diagnosis = analysis.diagnose(bundle)
+    diagnosis, devices = analysis.diagnose_with_devices(bundle)
     sig = analysis.signature_of(diagnosis)
-    facts, bundle_facets = analysis.facts_and_facets(bundle, diagnosis)
+    facts, bundle_facets = analysis.facts_and_facets(bundle, diagnosis, devices)
     t = as_utc(received_at or utcnow())
     try:
         with db.write_lock(), db.Session() as session, session.begin():
