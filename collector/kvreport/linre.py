@@ -24,6 +24,8 @@ letters. Lone surrogates (from JSON) are just ``\\x02``: no encoding error can s
 
 from __future__ import annotations
 
+import re as _re
+import threading
 from collections.abc import Callable, Iterator
 
 __all__ = ["Match", "Pattern", "Subject", "compile"]
@@ -50,14 +52,15 @@ class _Shadow(dict):
 
 
 _SHADOW = _Shadow()
-_ODD_ASCII = (b"\x01", b"\x0b", b"\x1c", b"\x1d", b"\x1e", b"\x1f")  # ASCII that the stand-in changes
+# the ASCII that the stand-in changes; Python's re on one character class (no backtracking possible)
+_ODD_ASCII = _re.compile(rb"[\x01\x0b\x1c-\x1f]")
 
 
 def shadow(text: str) -> bytes:
     """The ASCII bytes RE2 reads for ``text`` (same length; see the module docstring)."""
     if text.isascii():
         data = text.encode("ascii")
-        if not any(odd in data for odd in _ODD_ASCII):
+        if _ODD_ASCII.search(data) is None:
             return data
     return text.translate(_SHADOW).encode("ascii")
 
@@ -75,8 +78,19 @@ class Subject:
         return len(self.text)
 
 
+_LAST = threading.local()
+
+
 def _subject(text: str | Subject) -> Subject:
-    return text if isinstance(text, Subject) else Subject(text)
+    """``text``'s :class:`Subject`; the last one made in this thread is reused for the same string
+    object (a text searched by several patterns in a row is shadowed once)."""
+    if isinstance(text, Subject):
+        return text
+    last = getattr(_LAST, "subject", None)
+    if last is not None and last.text is text:
+        return last
+    subj = _LAST.subject = Subject(text)
+    return subj
 
 
 class Match:

@@ -294,6 +294,26 @@ _SSHPASS_P = linre.compile(r"sshpass(?:[ \t]+-[A-Za-oq-z][^\s|;&]*)*[ \t]+-p[ \t
 _LOGIN_P = linre.compile(r"(?:docker|podman|nerdctl|buildah|skopeo|oras|helm)" + _CMD_WORDS + r"login" + _CMD_WORDS
                          + r"-p(?:[ \t]*=[ \t]*|[ \t]*)" + _CMD_VAL, before=_PROGRAM_BEFORE)
 _CMD_HINT = linre.compile(r"curl|wget|mysql|mariadb|sshpass|login", "i")
+_CMD_WORDS_HINT = ("curl", "wget", "mysql", "mariadb", "sshpass", "login")
+_SECRET_WORDS_HINT = ("token", "key", "secret", "pass", "pwd", "cred", "pat", "-hf")
+# _AWS_SECRET's run of 40 characters of [A-Za-z0-9/+], as a gate without a pattern: the stand-in bytes
+# the patterns read, those characters mapped to "a" and every other byte to " ", hold 40 "a" in a row
+_AWS_CLASS = bytes(ord("a") if chr(b).isascii() and (chr(b).isalnum() or chr(b) in "/+") else ord(" ")
+                   for b in range(256))
+_AWS_RUN = b"a" * 40
+
+
+def _aws_run(text: str) -> bool:
+    return _AWS_RUN in linre._subject(text).data.translate(_AWS_CLASS)  # the Subject _AWS_SECRET reuses
+
+
+def _hinted(text: str, words: tuple[str, ...], regex: linre.Pattern) -> bool:
+    """``regex.search(text)`` for a case-insensitive alternation of ``words``, as substring tests
+    when the text is ASCII (RE2's case folding there is ``str.lower``'s); the pattern otherwise."""
+    if text.isascii():
+        low = text.lower()
+        return any(w in low for w in words)
+    return regex.search(text) is not None
 
 _TOKENS = linre.compile(
     r"hf_[A-Za-z0-9]{10,}"
@@ -309,6 +329,9 @@ _TOKENS = linre.compile(
     r"|gsk_[A-Za-z0-9]{20,}"
     r"|pplx-[A-Za-z0-9]{20,}"
     r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}", before=r"^|[^A-Za-z0-9]")
+# every alternative of _TOKENS starts with one of these (its gate in Redactor.redact_secrets)
+_TOKEN_PREFIXES = ("hf_", "sk-", "gh", "glpat-", "xox", "AKIA", "ASIA", "AIza", "nvapi-", "r8_", "gsk_", "pplx-",
+                   "eyJ")
 _AWS_KEY_ID = linre.compile(r"(?:AKIA|ASIA)[0-9A-Z]{16}", before=r"^|[^A-Za-z0-9]", after=r"$|[^A-Za-z0-9]")
 # an AWS secret access key: 40 characters of base64 standing alone (see _aws_secret)
 _AWS_SECRET = linre.compile(r"[A-Za-z0-9/+]{40}", before=r"^|[^A-Za-z0-9/+=_.-]",
@@ -684,21 +707,31 @@ class Redactor:
             self.counts["url_credentials"] += 1
             return m.group("pre") + "<credentials>@"
 
-        text = _URL_CREDS.sub(creds, text)
+        # Literal gates: a pattern runs only when the text holds a literal every match of it must
+        # hold ("@" for credentials in a URL, "authorization", "cookie", "bearer"/"basic", a token's
+        # prefix, 40 characters for an AWS secret). Replacements only put placeholders ("<token>",
+        # "<credentials>@") in, which never make such a literal, so the gates of the text as it came
+        # in stay exact: a skipped pattern could not have matched. Most log lines skip them all.
+        low = text.lower()
+        if "@" in text:
+            text = _URL_CREDS.sub(creds, text)
         if "=" in text:
             text = self._sub_value(_URL_QUERY, "url_credentials", text, lambda m: 2 if (
                 m.group("name").lower() in _URL_QUERY_NAMES or is_secret_key(m.group("name"))) else 0,
                 lambda subj, m: _value_span(subj, m.end("pre"), _QUERY_VAL))
-        text = self._sub_value(_AUTH_HEADER, "authorization", text)
-        text = self._sub_value(_COOKIE, "authorization", text, value=_trimmed_val)
-        text = self._sub_value(_BEARER, "authorization", text,  # not "Bearer authentication"
-                               lambda m: 0 if _PLAIN_WORD.fullmatch(m.group("val")) else 2)
-        if _CMD_HINT.search(text):
+        if "authorization" in low:
+            text = self._sub_value(_AUTH_HEADER, "authorization", text)
+        if "cookie" in low:
+            text = self._sub_value(_COOKIE, "authorization", text, value=_trimmed_val)
+        if "bearer" in low or "basic" in low:
+            text = self._sub_value(_BEARER, "authorization", text,  # not "Bearer authentication"
+                                   lambda m: 0 if _PLAIN_WORD.fullmatch(m.group("val")) else 2)
+        if _hinted(text, _CMD_WORDS_HINT, _CMD_HINT):
             text = self._sub_value(_CURL_USER, "url_credentials", text, _curl_user_strength,
                                    placeholder="<credentials>")
             for regex in (_MYSQL_P, _SSHPASS_P, _LOGIN_P):
                 text = self._sub_value(regex, "authorization", text)
-        if _SECRET_HINT.search(text):
+        if _hinted(text, _SECRET_WORDS_HINT, _SECRET_HINT):
             text = self._sub_value(_FLAG, "secret_flag", text, lambda m: (
                 2 if m.group("name") in ("hft", "hfrt") else secret_name_strength(m.group("name"))),
                 lambda subj, m: _wrapped_value(subj, m, _VAL_NO_DASH))
@@ -715,9 +748,10 @@ class Redactor:
             self.counts["token"] += 1
             return "<token>"
 
-        key_id = _AWS_KEY_ID.search(text)
-        key_id_at = key_id.start() if key_id else None
-        text = _AWS_SECRET.sub(aws_secret, text)
+        if len(text) >= 40 and _aws_run(text):
+            key_id = _AWS_KEY_ID.search(text) if "AKIA" in text or "ASIA" in text else None
+            key_id_at = key_id.start() if key_id else None
+            text = _AWS_SECRET.sub(aws_secret, text)
 
         def token(m: linre.Match) -> str:
             value = m.group(0)
@@ -726,7 +760,8 @@ class Redactor:
             self.counts["token"] += 1
             return "<token>"
 
-        text = _TOKENS.sub(token, text)
+        if any(prefix in text for prefix in _TOKEN_PREFIXES):
+            text = _TOKENS.sub(token, text)
         if "-----BEGIN" in text:
             text = self._redact_pem(text)
         return text
