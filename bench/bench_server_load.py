@@ -1,7 +1,10 @@
 """Server scale bench (issue 7): load N bundles (default 200,000) over S signatures (default 2,000)
 into a fresh PostgreSQL database, then time the clusters page and cluster pages over HTTP.
 
-    .venv/bin/python bench/bench_server_load.py [--bundles 200000] [--signatures 2000] [--requests 200]
+    .venv/bin/python bench/bench_server_load.py [--bundles 200000] [--signatures 2000] [--requests 200] [--sqlite]
+
+Beside every page: GET /healthz timed the same way in the same run (the floor of the HTTP stack here)
+and the load average (``os.getloadavg``) when the page's requests began.
 
 Bundles are made from the shared real cases (their log excerpts, commands, devices) and diagnosed
 once per case with the real analyzer; each generated bundle gets its own id, machine, GPU, model,
@@ -20,6 +23,7 @@ import argparse
 import copy
 import datetime as dt
 import json
+import os
 import random
 import secrets
 import statistics
@@ -66,6 +70,13 @@ def templates() -> list[tuple[dict, dict]]:
     return out
 
 
+def _log_devices(b: dict) -> list[dict]:
+    """The devices a template's log names (the same for every bundle made from it: parsed once)."""
+    from kvreport.analyze import devices_in_log
+
+    return devices_in_log(b)
+
+
 def make_keys(tmpls, n: int) -> list[tuple[int, str, str]]:
     """n signature keys: (template index, key, title)."""
     keys = []
@@ -101,7 +112,7 @@ def generate(tmpls, keys, n_bundles: int, rng: random.Random, now: dt.datetime):
         b["command"] = {**(b.get("command") or {}), "flags": {"n_ctx": rng.choice(CTX)}}
         diag = {**d, "signature": {**d["signature"], "key": key, "title": title}}
         received = now - dt.timedelta(seconds=rng.randint(0, 60 * 86400))
-        yield b, diag, received
+        yield b, diag, received, ti
 
 
 def bulk_load(db: Database, tmpls, keys, n_bundles: int, seed: int = 7) -> dict:
@@ -124,9 +135,12 @@ def bulk_load(db: Database, tmpls, keys, n_bundles: int, seed: int = 7) -> dict:
     machines = defaultdict(set)
     batch = []
     loaded = 0
-    for b, diag, received in generate(tmpls, keys, n_bundles, rng, now):
+    logged = {id(b): _log_devices(b) for b, _d in tmpls}
+    for b, diag, received, ti in generate(tmpls, keys, n_bundles, rng, now):
         cid = cluster_ids[diag["signature"]["key"]]
-        facts = analysis.bundle_facts(b, diag)
+        devices = [d for d in b["devices"]] + [d for d in logged[id(tmpls[ti][0])]
+                                                if d["name"].lower() not in {x["name"].lower() for x in b["devices"]}]
+        facts = analysis.bundle_facts(b, diag, devices)
         batch.append(dict(id=b["id"], cluster_id=cid, content_hash=analysis.content_hash(b), data=b, diagnosis=diag,
                           analyzer_version=str(diag.get("analyzer_version")), created_at=b["created_at"],
                           received_at=received, size_bytes=0, token_id=None, **facts))
@@ -137,7 +151,7 @@ def bulk_load(db: Database, tmpls, keys, n_bundles: int, seed: int = 7) -> dict:
         bn = facts["build_number"]
         a["lo"] = bn if a["lo"] is None else min(a["lo"], bn)
         a["hi"] = bn if a["hi"] is None else max(a["hi"], bn)
-        for kind, value in analysis.facets(b, diag):
+        for kind, value in analysis.facets(b, diag, facts=facts, devices=devices):
             facets[(cid, kind, value)] += 1
             if kind == "machine":
                 machines[cid].add(value)
@@ -164,7 +178,8 @@ def bulk_load(db: Database, tmpls, keys, n_bundles: int, seed: int = 7) -> dict:
         drows = [{"cluster_id": c, "day": d, "count": n} for (c, d), n in days.items()]
         for i in range(0, len(drows), 5000):
             conn.execute(insert(ClusterDay.__table__), drows[i:i + 5000])
-        conn.exec_driver_sql(f"SELECT setval('clusters_id_seq', {len(keys)})")
+        if not db.is_sqlite:
+            conn.exec_driver_sql(f"SELECT setval('clusters_id_seq', {len(keys)})")
         conn.exec_driver_sql("ANALYZE")
     print(file=sys.stderr)
     return {"load_s": round(time.perf_counter() - t0, 1), "clusters_used": len(agg), "facet_rows": len(facets),
@@ -193,14 +208,21 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--keep", action="store_true", help="keep the database")
     ap.add_argument("--reuse", metavar="NAME", help="time the pages of a database kept by an earlier --keep run")
+    ap.add_argument("--sqlite", action="store_true", help="SQLite (a file under bench/out) instead of PostgreSQL")
     args = ap.parse_args(argv)
 
     name = args.reuse or f"kvr_bench_{secrets.token_hex(4)}"
-    if not args.reuse:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    result = {"bundles": args.bundles, "signatures": args.signatures, "database": "postgresql"}
+    if args.sqlite:
+        (ROOT / "bench" / "out").mkdir(parents=True, exist_ok=True)
+        path = ROOT / "bench" / "out" / f"{name}.db"
+        url = f"sqlite:///{path}"
+    else:
+        if not args.reuse:
+            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+                conn.execute(f'CREATE DATABASE "{name}"')
+        url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    result = {"bundles": args.bundles, "signatures": args.signatures,
+              "database": "sqlite" if args.sqlite else "postgresql", "load_before": round(os.getloadavg()[0], 2)}
     if args.keep or args.reuse:
         print(f"database {name} is kept", file=sys.stderr)
     try:
@@ -211,9 +233,12 @@ def main(argv=None) -> int:
             keys = make_keys(tmpls, args.signatures)
             result.update(bulk_load(db, tmpls, keys, args.bundles))
             db.dispose()
-        with psycopg.connect(url.replace("+psycopg", "")) as conn:
-            result["db_size_mib"] = round(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
-                                          / 2**20, 1)
+        if args.sqlite:
+            result["db_size_mib"] = round(path.stat().st_size / 2**20, 1)
+        else:
+            with psycopg.connect(url.replace("+psycopg", "")) as conn:
+                result["db_size_mib"] = round(
+                    conn.execute("SELECT pg_database_size(current_database())").fetchone()[0] / 2**20, 1)
         app = create_app({"DATABASE_URL": url, "LOG_REQUESTS": False, "SECRET_KEY": "bench"})
         from waitress import create_server
 
@@ -233,15 +258,21 @@ def main(argv=None) -> int:
             "cluster_page": lambda i: f"{base}/clusters/{rng.randint(1, args.signatures)}",
             "cluster_page_biggest": lambda i: f"{base}/clusters/{1 + i % 10}",
         }
+        pages = {"healthz (baseline)": lambda i: f"{base}/healthz", **pages}
         for label, make_url in pages.items():
-            result[label] = stats([timed(s, make_url(i)) for i in range(args.requests)])
+            load = os.getloadavg()[0]
+            result[label] = {**stats([timed(s, make_url(i)) for i in range(args.requests)]), "load": round(load, 2)}
             print(f"{label:24s} {result[label]}", file=sys.stderr)
         server.close()
         app.extensions["kvreport_db"].dispose()
     finally:
         if not (args.keep or args.reuse):
-            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            if args.sqlite:
+                for suffix in ("", "-wal", "-shm"):
+                    Path(f"{path}{suffix}").unlink(missing_ok=True)
+            else:
+                with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+                    conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
     (out / "server_load.json").write_text(json.dumps(result, indent=1))
