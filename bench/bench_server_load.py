@@ -38,7 +38,7 @@ sys.path[:0] = [str(ROOT / "tests" / "server"), str(ROOT)]
 
 import psycopg  # noqa: E402
 import requests  # noqa: E402
-from sqlalchemy import insert  # noqa: E402
+from sqlalchemy import insert, select  # noqa: E402
 
 from kvreport_server import analysis, create_app, migrate  # noqa: E402
 from kvreport_server.db import Database  # noqa: E402
@@ -132,6 +132,7 @@ def bulk_load(db: Database, tmpls, keys, n_bundles: int, seed: int = 7) -> dict:
     agg = defaultdict(lambda: {"count": 0, "first": None, "last": None, "lo": None, "hi": None})
     facets: Counter = Counter()
     days: Counter = Counter()
+    builds: Counter = Counter()
     machines = defaultdict(set)
     batch = []
     loaded = 0
@@ -156,6 +157,8 @@ def bulk_load(db: Database, tmpls, keys, n_bundles: int, seed: int = 7) -> dict:
             if kind == "machine":
                 machines[cid].add(value)
         days[(cid, received.date())] += 1
+        if facts["engine_name"] is not None and bn is not None:
+            builds[(facts["engine_name"], bn)] += 1
         if len(batch) >= 2000:
             with db.engine.begin() as conn:
                 conn.execute(insert(Bundle.__table__), batch)
@@ -175,6 +178,9 @@ def bulk_load(db: Database, tmpls, keys, n_bundles: int, seed: int = 7) -> dict:
         rows = [{"cluster_id": c, "kind": k, "value": v, "count": n} for (c, k, v), n in facets.items()]
         for i in range(0, len(rows), 5000):
             conn.execute(insert(ClusterFacet.__table__), rows[i:i + 5000])
+        if "engine_builds" in Bundle.metadata.tables:  # migration 0006
+            conn.execute(insert(Bundle.metadata.tables["engine_builds"]),
+                         [{"engine": e, "build_number": b, "count": n} for (e, b), n in builds.items()])
         drows = [{"cluster_id": c, "day": d, "count": n} for (c, d), n in days.items()]
         for i in range(0, len(drows), 5000):
             conn.execute(insert(ClusterDay.__table__), drows[i:i + 5000])
@@ -258,6 +264,11 @@ def main(argv=None) -> int:
             "cluster_page": lambda i: f"{base}/clusters/{rng.randint(1, args.signatures)}",
             "cluster_page_biggest": lambda i: f"{base}/clusters/{1 + i % 10}",
         }
+        # the regression view's worst case: clusters whose first build is the newest (most earlier bundles)
+        with app.extensions["kvreport_db"].Session() as session:
+            newest = [r[0] for r in session.execute(select(Cluster.id).where(Cluster.count > 0)
+                                                   .order_by(Cluster.min_build.desc().nulls_last()).limit(10))]
+        pages["cluster_page_newest_build"] = lambda i: f"{base}/clusters/{newest[i % len(newest)]}"
         pages = {"healthz (baseline)": lambda i: f"{base}/healthz", **pages}
         for label, make_url in pages.items():
             load = os.getloadavg()[0]

@@ -6,6 +6,7 @@
   upload transaction (``store.py``), so the cluster list never scans bundles.
 * ``ClusterFacet``: per-cluster counts of a fact (engine version, GPU, model, n_ctx, suggestion...).
 * ``ClusterDay``: per-cluster bundle count per UTC day (sparklines, trend).
+* ``EngineBuild``: bundles per engine and build number (the regression view).
 * ``ApiToken`` / ``User``: access (tokens stored as SHA-256 digests; passwords with a KDF).
 """
 
@@ -74,6 +75,7 @@ class Bundle(Base):
     __table_args__ = (
         Index("ix_bundles_cluster_received", "cluster_id", "received_at"),
         Index("ix_bundles_engine_build", "engine_name", "build_number"),
+        Index("ix_bundles_cluster_build", "cluster_id", "build_number"),  # a cluster's build range, re-counted
     )
 
     id: Mapped[str] = mapped_column(String(26), primary_key=True)
@@ -115,6 +117,17 @@ class ClusterDay(Base):
 
     cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"), primary_key=True)
     day: Mapped[dt.date] = mapped_column(Date, primary_key=True)
+    count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+
+
+class EngineBuild(Base):
+    """Bundles per (engine, build number): the regression view's "N bundles from earlier builds" is a
+    sum over builds, not a count over bundles (kept with the other counters by ``store.Counts``)."""
+
+    __tablename__ = "engine_builds"
+
+    engine: Mapped[str] = mapped_column(String(40), primary_key=True)
+    build_number: Mapped[int] = mapped_column(Integer, primary_key=True)
     count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
 
 

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from kvreport_server import analysis
 from kvreport_server.db import Database
 from kvreport_server.errors import ApiError
-from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet, utcnow
+from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet, EngineBuild, utcnow
 
 
 @dataclasses.dataclass
@@ -84,8 +84,9 @@ class Counts:
 
     Every writer (upload, delete, re-analysis) collects its changes here first and applies them last,
     in the same global order — facet rows by (cluster, kind, value), then day rows by (cluster, day),
-    then cluster rows by id — so the shared counter rows of a popular signature are held only for
-    the few statements before the commit, and two writers never wait on each other in a cycle.
+    then cluster rows by id, then (engine, build) rows — so the shared counter rows of a popular
+    signature are held only for the few statements before the commit, and two writers never wait on
+    each other in a cycle.
     """
 
     facets: dict[tuple[int, str, str], int] = dataclasses.field(default_factory=dict)
@@ -94,23 +95,31 @@ class Counts:
     arrivals: dict[int, list[_Arrival]] = dataclasses.field(default_factory=dict)
     lost: set[int] = dataclasses.field(default_factory=set)
     titles: dict[int, str] = dataclasses.field(default_factory=dict)
+    builds: dict[tuple[str, int], int] = dataclasses.field(default_factory=dict)
 
-    def _bump(self, cid: int, t: dt.datetime, facets: set[tuple[str, str]], delta: int) -> None:
+    def _bump(self, cid: int, t: dt.datetime, facets: set[tuple[str, str]], delta: int,
+              engine: str | None, build: int | None) -> None:
         self.count[cid] = self.count.get(cid, 0) + delta
+        if engine is not None and build is not None:
+            self.builds[(engine, build)] = self.builds.get((engine, build), 0) + delta
         for kind, value in facets:
             k = (cid, kind, value)
             self.facets[k] = self.facets.get(k, 0) + delta
         d = (cid, t.date())
         self.days[d] = self.days.get(d, 0) + delta
 
-    def add(self, cid: int, t: dt.datetime, build: int | None, engine_version: str | None, verdict: str | None,
-            facets: set[tuple[str, str]]) -> None:
+    def add(self, cid: int, t: dt.datetime, facts: dict, facets: set[tuple[str, str]]) -> None:
+        """Count in a bundle received at ``t`` with these ``analysis.bundle_facts`` and facets."""
         t = as_utc(t)
-        self._bump(cid, t, facets, 1)
-        self.arrivals.setdefault(cid, []).append(_Arrival(t, build, _version_of(build, engine_version), verdict))
+        build = facts["build_number"]
+        self._bump(cid, t, facets, 1, facts["engine_name"], build)
+        self.arrivals.setdefault(cid, []).append(
+            _Arrival(t, build, _version_of(build, facts["engine_version"]), facts["verdict"]))
 
-    def remove(self, cid: int, t: dt.datetime, facets: set[tuple[str, str]]) -> None:
-        self._bump(cid, as_utc(t), facets, -1)
+    def remove(self, cid: int, t: dt.datetime, facets: set[tuple[str, str]], engine: str | None,
+               build: int | None) -> None:
+        """Count out a bundle (its stored ``engine_name`` and ``build_number``)."""
+        self._bump(cid, as_utc(t), facets, -1, engine, build)
         self.lost.add(cid)
 
 
@@ -200,6 +209,7 @@ def _apply(session: Session, counts: Counts) -> dict[int, Cluster]:
                                   .returning(*ct.c)).one()
         if row is not None:
             out[cid] = Cluster(**dict(row._mapping))
+    _apply_rows(session, EngineBuild.__table__, ("engine", "build_number"), counts.builds)
     return out
 
 
@@ -229,7 +239,7 @@ def ingest(db: Database, bundle: dict, *, size_bytes: int = 0, token_id: int | N
                 size_bytes=min(int(size_bytes), 2**31 - 1), token_id=token_id,
                 flagged_secrets=list(flagged)[:100] if flagged else None, **facts))
             counts = Counts()
-            counts.add(cluster_id, t, facts["build_number"], facts["engine_version"], facts["verdict"], bundle_facets)
+            counts.add(cluster_id, t, facts, bundle_facets)
             cluster = _apply(session, counts)[cluster_id]
         return IngestResult(201, bundle["id"], cluster, diagnosis)
     except IntegrityError:
@@ -258,7 +268,8 @@ def delete_bundle(db: Database, bundle_id: str) -> bool:
         if row is None:
             return False
         counts = Counts()
-        counts.remove(row.cluster_id, row.received_at, analysis.facets(row.data, row.diagnosis))
+        counts.remove(row.cluster_id, row.received_at, analysis.facets(row.data, row.diagnosis), row.engine_name,
+                      row.build_number)
         session.delete(row)
         session.flush()
         _apply(session, counts)
@@ -283,8 +294,8 @@ def _reanalyze_batch(db: Database, current: str, last_id: str, batch_size: int) 
     b = Bundle.__table__.c
     with db.Session() as session:
         rows = session.execute(
-            select(b.id, b.cluster_id, b.data, b.diagnosis, b.received_at).where(b.analyzer_version != current,
-                                                                                   b.id > last_id)
+            select(b.id, b.cluster_id, b.data, b.diagnosis, b.received_at, b.engine_name, b.build_number)
+            .where(b.analyzer_version != current, b.id > last_id)
             .order_by(b.id).limit(batch_size)).all()
     if not rows:
         return None
@@ -306,9 +317,8 @@ def _reanalyze_batch(db: Database, current: str, last_id: str, batch_size: int) 
             facts = new["facts"]
             session.execute(update(Bundle.__table__).where(b.id == rid).values(
                 diagnosis=new["diagnosis"], analyzer_version=current[:40], cluster_id=cid, **facts))
-            counts.remove(old.cluster_id, old.received_at, new["old_facets"])
-            counts.add(cid, old.received_at, facts["build_number"], facts["engine_version"], facts["verdict"],
-                       new["facets"])
+            counts.remove(old.cluster_id, old.received_at, new["old_facets"], old.engine_name, old.build_number)
+            counts.add(cid, old.received_at, facts, new["facets"])
             counts.titles[cid] = new["sig"]["title"]
             seen += 1
             moved += int(cid != old.cluster_id)

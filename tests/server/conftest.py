@@ -13,7 +13,7 @@ import shutil
 import pytest
 from server_helpers import create_pg_database, drop_pg_database
 
-TABLES = "bundles, cluster_facets, cluster_days, clusters, api_tokens, users"
+TABLES = "bundles, cluster_facets, cluster_days, clusters, engine_builds, api_tokens, users"
 
 
 @pytest.fixture(scope="session")

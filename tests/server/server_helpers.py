@@ -113,7 +113,7 @@ def scan(db) -> dict:
     from sqlalchemy import select
 
     from kvreport_server import analysis, store
-    from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet
+    from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet, EngineBuild
 
     with db.Session() as s:
         rows = s.execute(select(Bundle)).scalars().all()
@@ -141,6 +141,12 @@ def scan(db) -> dict:
     for cid, val in got.items():
         if cid not in want:
             assert val[0] == 0 and not val[2] and not val[3], f"empty cluster {cid} keeps counts"
+    builds = Counter((b.engine_name, b.build_number) for b in rows
+                     if b.engine_name is not None and b.build_number is not None)
+    with db.Session() as s:
+        stored = Counter({(e.engine, e.build_number): e.count for e in s.execute(select(EngineBuild)).scalars()})
+    if stored != builds:
+        return {"engine_builds": (stored, builds)}
     return {cid: v for cid, v in got.items() if v[0]} == want or (got, want)
 
 

@@ -8,7 +8,7 @@ from sqlalchemy import create_engine, inspect
 
 from kvreport_server import migrate
 
-TABLES = {"clusters", "bundles", "cluster_facets", "cluster_days", "api_tokens", "users"}
+TABLES = {"clusters", "bundles", "cluster_facets", "cluster_days", "api_tokens", "users", "engine_builds"}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -139,3 +139,44 @@ def test_sort_by_trend_and_sparkline(db):
     assert by_count[0]["count"] == 3 and by_trend[0]["count"] == 1
     assert [c["trend"] for c in by_trend] == [1, -3]
     assert by_count[0]["sparkline"][-11] == 3 and by_trend[0]["sparkline"][-1] == 1
+
+
+def test_uploads_beside_reanalysis_neither_deadlock_nor_miscount(db, monkeypatch):
+    """Uploads of one signature in threads while re-analysis moves the stored bundles between two
+    clusters in small batches: every writer takes the counter rows in one order, so no deadlock
+    (PostgreSQL would abort one of them) and the counters equal a full scan afterwards."""
+    from kvreport.bundle import new_bundle_id
+
+    templates = [bundle_from_case(c) for c in FAILURE_CASES[:3]]
+    for i in range(16):
+        store.ingest(db, {**templates[i % 3], "id": new_bundle_id()})
+    real = analysis.diagnose
+
+    def diagnose_v2(bundle):
+        d = real(bundle)
+        if bundle["id"][-1] in "02468ACEGJMPRTVXZ":
+            d = {**d, "signature": {**d["signature"], "key": d["signature"]["key"] + "/split", "title": "split"}}
+        return {**d, "analyzer_version": "test-v2"}
+
+    errors: list[BaseException] = []
+
+    def uploader(k: int):
+        try:
+            for j in range(6):
+                store.ingest(db, {**templates[(k + j) % 3], "id": new_bundle_id()})
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=uploader, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    monkeypatch.setattr(analysis, "diagnose", diagnose_v2)
+    monkeypatch.setattr(analysis, "analyzer_version", lambda: "test-v2")
+    stats = store.reanalyze(db, batch_size=4)
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert stats["seen"] >= 16
+    assert_consistent(db)
+    with db.Session() as s:
+        assert s.execute(select(func.count()).select_from(Bundle)).scalar_one() == 16 + 3 * 6
