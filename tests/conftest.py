@@ -7,14 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.paths import (  # noqa: F401 - re-exported for older imports
-    CAPTURE_DIR,
-    CASE_DIR,
-    DATA,
-    ROOT,
-    case_dirs,
-    load_expected,
-)
+from tests.paths import ROOT
 
 # Strict mode (kvreport.strict): every catch-all of the analysis core re-raises in tests, so a parser or a rule that
 # raises fails its test instead of hiding behind "never raises". Set in the environment so the CLI subprocesses the
@@ -36,14 +29,9 @@ def private_data_dir(monkeypatch, tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="session")
-def shared_cases() -> list[Path]:
-    return case_dirs()
-
-
 # --- the tests stand on the repository alone -------------------------------------------------------
-# An audit hook refuses every open() of a path beside the repository (a sibling folder such as
-# ../shared, which exists on the developers' machines and in CI but not in a fresh clone). Reads of the
+# An audit hook refuses every open() of a path beside the repository (a sibling folder of the clone,
+# which exists on the developers' machines and in CI but not in a fresh clone). Reads of the
 # interpreter, site-packages, /tmp, /proc and the like are not "beside the repository" and pass.
 import os as _os  # noqa: E402
 import sys as _sys  # noqa: E402

