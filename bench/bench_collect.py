@@ -82,13 +82,18 @@ def slowest_imports(kvreport_py: str, log: Path, cmd: str, out: Path, n: int = 8
             f"sys.argv = ['kvreport', 'collect', '--log', {str(log)!r}, '--command', {cmd!r}, '-o', {str(out)!r}]\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n")
     p = subprocess.run([kvreport_py, "-X", "importtime", "-c", code], capture_output=True, text=True)
+    return sorted(importtime_rows(p.stderr), reverse=True)[:n]
+
+
+def importtime_rows(stderr: str) -> list[tuple[int, str]]:
+    """``python -X importtime`` output -> [(cumulative microseconds, module)]."""
     rows = []
-    for line in p.stderr.splitlines():
+    for line in stderr.splitlines():
         if line.startswith("import time:") and "|" in line:
             parts = [x.strip() for x in line[len("import time:"):].split("|")]
             if parts[1].isdigit():
                 rows.append((int(parts[1]), parts[2]))
-    return sorted(rows, reverse=True)[:n]
+    return rows
 
 
 def big_log(mb: int) -> Path:

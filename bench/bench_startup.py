@@ -128,13 +128,9 @@ def importtime(py: str, collector: Path, launch: str, argv: list[str], work: Pat
     env = child_env(collector)
     p = subprocess.run([py, "-X", "importtime", "-c", launch, *argv], cwd=work, env=env, capture_output=True,
                        text=True, stdin=subprocess.DEVNULL)
-    rows = []
-    for line in p.stderr.splitlines():
-        if line.startswith("import time:") and "|" in line:
-            parts = [x.strip() for x in line[len("import time:"):].split("|")]
-            if parts[1].isdigit():
-                rows.append((int(parts[1]), parts[2]))
-    return rows
+    from bench_collect import importtime_rows  # one parser of -X importtime for the benches
+
+    return importtime_rows(p.stderr)
 
 
 def main() -> int:

@@ -181,27 +181,30 @@ def _top(data: dict) -> dict:
     out: dict = {"schema": schema, "id": bid, "created_at": created}
     out["collector"] = _str_keys(data["collector"]) if "collector" in data else {}
     out["host"] = _section(_HOST, data["host"]) if "host" in data else {}
-    devices = data.get("devices", [])
-    if type(devices) is not list or len(devices) > MAX_DEVICES:
-        raise _Unsure
-    out["devices"] = [_section(_DEVICE, d) for d in devices]
-    probes = _str_keys(data["probes"]) if "probes" in data else {}
-    if not all(type(v) is str for v in probes.values()):
-        raise _Unsure
-    out["probes"] = probes
+    out["devices"] = _sections(_DEVICE, data.get("devices", []))
+    out["probes"] = _typed_map(data, "probes", str)
     out["engine"] = _section(_ENGINE, data["engine"]) if "engine" in data else {}
     out["command"] = _section(_COMMAND, data["command"]) if "command" in data else {}
     model = data.get("model")
     out["model"] = None if model is None else _section(_MODEL, model)
     out["log"] = _log(data.get("log"))
-    memory = data.get("memory_before_launch", [])
-    if type(memory) is not list or len(memory) > MAX_DEVICES:
+    out["memory_before_launch"] = _sections(_MEMORY, data.get("memory_before_launch", []))
+    out["redactions"] = _typed_map(data, "redactions", int)
+    return out
+
+
+def _sections(spec, items) -> list:
+    """A list of at most MAX_DEVICES sections of one spec (devices, memory_before_launch)."""
+    if type(items) is not list or len(items) > MAX_DEVICES:
         raise _Unsure
-    out["memory_before_launch"] = [_section(_MEMORY, m) for m in memory]
-    redactions = _str_keys(data["redactions"]) if "redactions" in data else {}
-    if not all(type(v) is int for v in redactions.values()):
+    return [_section(spec, x) for x in items]
+
+
+def _typed_map(data: dict, key: str, typ: type) -> dict:
+    """A string-keyed mapping whose values are all exactly ``typ`` (probes: str, redactions: int)."""
+    out = _str_keys(data[key]) if key in data else {}
+    if not all(type(v) is typ for v in out.values()):
         raise _Unsure
-    out["redactions"] = redactions
     return out
 
 

@@ -99,9 +99,9 @@ class LogFacts:
     engine: str | None = None
     engine_hints: Counter = field(default_factory=Counter)
     engine_lines: dict = field(default_factory=CappedDict)
+    """engine -> [line number, text] of the first line that hinted at it (for ``kvreport analyze --explain``)."""
     source_lines: dict = field(default_factory=CappedDict)
     """``"ctx:n_ctx"`` / ``"hparams:n_layer"`` -> [line number, text] of the line a value was read from (--explain)."""
-    """engine -> [line number, text] of the first line that hinted at it (for ``kvreport analyze --explain``)."""
     program: str | None = None
     version: str | None = None
     build: int | None = None
