@@ -242,11 +242,12 @@ def all_devices(bundle: dict) -> list[dict]:
     return probed + [d for d in devices_in_log(bundle) if d["name"].lower() not in names]
 
 
-def bundle_facts(bundle: dict, diagnosis: dict) -> dict:
-    """The indexed columns of a bundle row (values cut to their column sizes; None when absent)."""
+def bundle_facts(bundle: dict, diagnosis: dict, devices: list[dict] | None = None) -> dict:
+    """The indexed columns of a bundle row (values cut to their column sizes; None when absent). ``devices``:
+    :func:`all_devices` of the bundle when the caller has it already (it parses the log)."""
     engine = bundle.get("engine") or {}
     failure = diagnosis.get("failure") or {}
-    devices = all_devices(bundle)
+    devices = all_devices(bundle) if devices is None else devices
     model = bundle.get("model") or {}
     gpu = next((d.get("name") for d in devices if is_gpu(d)), None)
     return {
@@ -264,9 +265,16 @@ def bundle_facts(bundle: dict, diagnosis: dict) -> dict:
     }
 
 
-def facets(bundle: dict, diagnosis: dict) -> set[tuple[str, str]]:
+def facts_and_facets(bundle: dict, diagnosis: dict) -> tuple[dict, set[tuple[str, str]]]:
+    """:func:`bundle_facts` and :func:`facets` of one bundle, with its log parsed once for the devices."""
+    devices = all_devices(bundle)
+    return bundle_facts(bundle, diagnosis, devices), facets(bundle, diagnosis, devices)
+
+
+def facets(bundle: dict, diagnosis: dict, devices: list[dict] | None = None) -> set[tuple[str, str]]:
     """The (kind, value) pairs a bundle adds to its cluster's facet counts (each pair once)."""
-    facts = bundle_facts(bundle, diagnosis)
+    devices = all_devices(bundle) if devices is None else devices
+    facts = bundle_facts(bundle, diagnosis, devices)
     engine = bundle.get("engine") or {}
     out: set[tuple[str, str]] = set()
 
@@ -278,7 +286,6 @@ def facets(bundle: dict, diagnosis: dict) -> set[tuple[str, str]]:
     version = engine.get("version")
     build = facts["build_number"]
     add("engine_version", f"b{build}" if build is not None else version)
-    devices = all_devices(bundle)
     for d in devices:
         if is_gpu(d):
             add("gpu", d.get("name"))

@@ -218,8 +218,7 @@ def ingest(db: Database, bundle: dict, *, size_bytes: int = 0, token_id: int | N
         return existing
     diagnosis = analysis.diagnose(bundle)
     sig = analysis.signature_of(diagnosis)
-    facts = analysis.bundle_facts(bundle, diagnosis)
-    bundle_facets = analysis.facets(bundle, diagnosis)
+    facts, bundle_facets = analysis.facts_and_facets(bundle, diagnosis)
     t = as_utc(received_at or utcnow())
     build = facts["build_number"]
     version = _version_of(build, facts["engine_version"])
@@ -327,11 +326,11 @@ def reanalyze(db: Database, *, batch_size: int = 200, max_batches: int | None = 
                                 .values(title=sig["title"]))
                 row.diagnosis = diagnosis
                 row.analyzer_version = current[:40]
-                for k, v in analysis.bundle_facts(row.data, diagnosis).items():
+                facts, new_facets = analysis.facts_and_facets(row.data, diagnosis)
+                for k, v in facts.items():
                     setattr(row, k, v)
                 row.cluster_id = new_cluster
                 row.home_cluster_id = home
-                new_facets = analysis.facets(row.data, diagnosis)
                 row.facet_keys = facet_keys_of(new_facets)
                 session.flush()
                 _count_out(session, old_cluster, row, old_facets)
