@@ -111,12 +111,12 @@ def _extra(command_line: str | None, model_path: str | None) -> dict:
 
 
 def _diagnose(fh, command_line: str | None, model_path: str | None = None,
-              explain: bool = False) -> tuple[dict, dict | None, object | None]:
+              explain: bool = False, source: str = "the input") -> tuple[dict, dict | None, object | None]:
     """The diagnosis, the bundle (None for a raw log) and the log's facts (None for a bundle)."""
     head = fh.read(64 * 1024)
     why = not_a_log(head)
     if why:
-        raise InputError(f"nothing to analyze in {getattr(fh, 'display', None) or 'the input'}: {why}")
+        raise InputError(f"nothing to analyze in {source}: {why}")
     if head.lstrip().startswith(b"{"):
         bundle = _as_bundle(head, fh)
         if bundle is not None:
@@ -163,9 +163,9 @@ def cli_analyze(path: str, as_json: bool = False, command_line: str | None = Non
     """Run ``kvreport analyze``; returns the exit status (0 diagnosed, 1 no failure, 2 bad input)."""
     try:
         fh = _open(path)
-        fh.display = "standard input" if path == "-" else path
         try:
-            diagnosis, bundle, facts = _diagnose(fh, command_line, model_path, explain)
+            diagnosis, bundle, facts = _diagnose(fh, command_line, model_path, explain,
+                                                 "standard input" if path == "-" else path)
             extra = {"command": _parse_command(command_line)} if command_line and bundle is None else None
             known = known_matches(diagnosis, bundle, facts, fh.name if bundle is None else None, extra)
         except OSError as exc:
