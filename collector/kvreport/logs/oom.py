@@ -21,21 +21,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvreport.logs.common import size_to_mib, to_float
 from kvreport.logs.facts import LogFacts
-from kvreport.units import MIB
-
-_UNIT_MIB = {"b": 1 / MIB, "bytes": 1 / MIB, "kb": 1 / 1024, "kib": 1 / 1024, "mb": 1.0, "mib": 1.0, "gb": 1024.0,
-             "gib": 1024.0, "tb": 1024.0 * 1024, "tib": 1024.0 * 1024}
 
 
 def _mib(value: str | None, unit: str | None) -> float | None:
-    """``("12.5", "GiB")`` -> 12800.0 MiB; ggml's "MB" is MiB (kv-facts.md §0)."""
-    if value is None:
-        return None
-    try:
-        return float(value.replace(",", "")) * _UNIT_MIB.get((unit or "b").lower(), 1 / MIB)
-    except ValueError:
-        return None
+    """``("12.5", "GiB")`` -> 12800.0 MiB; no unit means bytes (:func:`kvreport.logs.common.size_to_mib`)."""
+    number = to_float(value) if value is not None else None
+    return None if number is None else size_to_mib(number, unit or "B")
 
 
 @dataclass(frozen=True)
