@@ -46,12 +46,19 @@ def is_holdout(case: Path) -> bool:
     return int(hashlib.sha256((SEED + thread_of(case)).encode()).hexdigest(), 16) % 4 == 0
 
 
-def all_cases() -> list[Path]:
+def harvest_round(case: Path) -> int:
+    """The harvest round a case came in (case.json ``harvest_round``; the first corpus and the shared cases are 1)."""
+    meta = case / "case.json"
+    return int(json.loads(meta.read_text()).get("harvest_round") or 1) if meta.is_file() else 1
+
+
+def all_cases(rounds: set[int] | None = None) -> list[Path]:
     out = []
     for base in (CASES, CORPUS):
         if base.is_dir():
-            out += sorted(p for p in base.iterdir() if (p / "log.txt").is_file() and (p / "expected.json").is_file())
-    return out
+            out += sorted(p for p in base.iterdir() if (p / "log.txt").is_file() and (p / "expected.json").is_file()
+                          and (p / "case.json").is_file())
+    return [c for c in out if rounds is None or harvest_round(c) in rounds]
 
 
 def diagnose(case: Path) -> dict:
@@ -139,8 +146,10 @@ def main(argv=None) -> int:
     ap.add_argument("--holdout", action="store_true", help="also score the set-aside quarter")
     ap.add_argument("--misses", action="store_true", help="list every wrong fact of the tuning set")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--round", type=int, action="append",
+                    help="only the cases of this harvest round (repeatable; default: every round)")
     a = ap.parse_args(argv)
-    cases = all_cases()
+    cases = all_cases(set(a.round) if a.round else None)
     tune = [c for c in cases if not is_holdout(c)]
     hold = [c for c in cases if is_holdout(c)]
     out = {"table": table(cases), "n_cases": len(cases), "n_tuning": len(tune), "n_holdout": len(hold),

@@ -27,6 +27,18 @@ EXAMPLES = [
     ("metal-buffer-max", "ggml_metal_add_buffer: buffer data size 18300780544 is larger than buffer maximum of "
                          "17179869184", "metal", "model_weights"),
     ("memory-words", "could not create a memory object", None, "unknown"),
+    # ggml-opencl.cpp CL_CHECK as koboldcpp/llama.cpp 2023 CLBlast builds print it (error -5 CL_OUT_OF_RESOURCES)
+    ("opencl-check", "ggml_opencl: (mem = clCreateBuffer(context, CL_MEM_READ_WRITE, size, NULL, &err), err) error -5 "
+                     "at ggml-opencl.cpp:1312", "opencl", "unknown"),
+    ("opencl-check", "ggml_opencl: clEnqueueNDRangeKernel(queue, kernel, 1, NULL, &global, NULL, 0, NULL, NULL) "
+                     "error -4 at ggml-opencl.cpp:1780", "opencl", "unknown"),
+    # Metal API validation (Xcode debug device)
+    ("metal-validation-length", "newBufferWith*:length 0x86004000 must not exceed 2048 MB.", "metal", "unknown"),
+    # ggml-alloc.c (2023) graph allocator's free-block table
+    ("ggml-alloc-free-blocks", 'GGML_ASSERT: ggml-alloc.c:216: alloc->n_free_blocks < MAX_FREE_BLOCKS && "out of free '
+                               'blocks"', None, "compute_buffer"),
+    ("memory-check-refused", "ds4: GLM memory guard refused ctx=32768 compact_cap=32768 before GLM graph allocation",
+     None, "memory_budget"),
     ("torch-oom-bare", "RuntimeError: CUDA driver error: out of memory", "cuda", "unknown"),
     ("metal-iogpu-oom", "libc++abi: terminating due to uncaught exception of type std::runtime_error: [METAL] Command "
                         "buffer execution failed: Insufficient Memory", "metal", "compute_buffer"),

@@ -367,7 +367,7 @@ class _Diagnosis:
             out["allocator_error"] = ev["line"] if ev.get("torch_oom") else None
             out["final_error"] = f.final_error or ev["line"]
             self.has_memory_event = True
-        elif self._oom_failure(out, real):
+        elif self._oom_failure(out, real) or self._fit_failure(out, real):
             pass
         elif engine_events or configs or finals:
             out["phase"] = "unknown"
@@ -450,6 +450,25 @@ class _Diagnosis:
                 + " (kvreport analyze --explain names the rule that read it)", ev["line"])
         self.has_memory_event = True
         self.oom_event = ev
+        return True
+
+    def _fit_failure(self, out: dict, real: list[dict]) -> bool:
+        """llama.cpp's auto-fit (common/fit.cpp, 2025-12+: "projected to use N MiB of device memory vs. M MiB of free
+        device memory" ... "failed to fit params to free device memory") gave up with a projection above the free
+        memory, and the log shows neither the load coming up nor another failure: a memory failure whose buffer the
+        log does not reach (phase unknown), never "no failure"."""
+        fit = self.f.fit or {}
+        proj, free = fit.get("projected_mib"), fit.get("free_mib")
+        if not str(fit.get("status", "")).startswith("failed") or proj is None or free is None or proj <= free:
+            return False
+        if any(e["kind"] in ("success", "alloc_ok") for e in real):
+            return False
+        out["phase"] = "unknown"
+        out["final_error"] = self.f.final_error
+        self.trail = {"rule": "logs.llamacpp auto-fit projection (failed, above free memory)", "events": []}
+        self.finding("fit_projection", f"the engine's auto-fit projected {_fmt(proj)} MiB of device memory against "
+                     f"{_fmt(free)} MiB free and could not fit the model; the log ends before the load's outcome", None)
+        self.has_memory_event = True
         return True
 
     def _fatal_failure(self, out: dict, fatal: list[dict], real: list[dict]) -> bool:
@@ -993,7 +1012,7 @@ class _Diagnosis:
             self.finding("fit_changed_ctx", f"the engine's auto-fit lowered n_ctx from {ch[0]} to {ch[1]}")
         if str(fit.get("status", "")).startswith("failed"):
             self.finding("fit_failed", "the engine's auto-fit could not make the model fit and left the "
-                         "parameters as they were; the real load went ahead anyway", None)
+                         "parameters as they were (the load that follows uses them unchanged)", None)
 
     def _per_token_from_buffer(self, mem: dict, kv: float, cfg_d: dict, budget_mib: float | None) -> None:
         """No model parameters, but the failed KV buffer holds the whole KV of n_ctx cells: its cost per token."""

@@ -85,7 +85,14 @@ _ALIGNED = re.compile(r"ggml_aligned_malloc: insufficient memory \(attempted to 
 _OPENVINO = re.compile(r"openvino\w*: failed to allocate (?:buffer of size |)(\d+)", re.I)
 _CANN = re.compile(r"cann\w*: .*?(?:alloc|malloc)\w* failed.*?(\d+)", re.I)
 _GGML = re.compile(r"(?:(\w+):\s+)?failed to allocate (\S+) buffer of size (\d+)")
-_NOT_ENOUGH = re.compile(r"not enough space in the buffer to allocate (\d+) bytes")
+# ggml-alloc.c's two allocators, in every era (checked in ggml-org/ggml and llama.cpp's copies):
+#   graph (compute) allocator: 2023-24 ggml_tallocr/ggml_allocr "not enough space in the buffer (needed N, largest
+#   block available M)"; 2024+ ggml_dyn_tallocr "not enough space in the buffer to allocate N bytes, largest block
+#   available M bytes" (then "graph allocation: failed to reserve memory");
+#   static tensor allocator (weights, KV): ggml_tallocr_alloc "not enough space in the buffer to allocate NAME
+#   (needed N, available M)".
+_NOT_ENOUGH = re.compile(r"not enough space in the buffer (?:to allocate (?P<dyn>\d+) bytes|\(needed (?P<old>\d+), "
+                         r"largest block|to allocate (?P<name>\S+) \(needed (?P<static>\d+), available)")
 _REASONS = (
     (re.compile(r"failed to allocate buffer for (?:the )?kv cache|llama_kv_cache_init\(\) failed|failed to initialize self-attention cache"), "kv_cache"),
     (re.compile(r"failed to allocate buffer for (?:the )?rs cache|failed to initialize (?:the )?recurrent"), "kv_cache"),
@@ -606,8 +613,10 @@ def _f_ggml(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
 
 
 def _f_not_enough(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
-    f.add_event("ggml", lineno, line, device=None, bytes=int(m.group(1)), mib=int(m.group(1)) / MIB,
-                fn="ggml_tallocr", buffer="tensor")
+    size = int(m.group("dyn") or m.group("old") or m.group("static"))
+    f.add_event("ggml", lineno, line, device=None, bytes=size, mib=size / MIB, fn="ggml_tallocr",
+                buffer="tensor" if m.group("static") else "compute")
+    f.engine_hints["llama.cpp"] += 1
 
 
 def _f_retry(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
@@ -618,6 +627,7 @@ def _f_retry(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
 def _f_reason(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
     phase = next(p for rx, p in _REASONS if rx.search(line))
     f.add_event("reason", lineno, line, phase=phase, kv_update="kv_cache_update" in line)
+    f.engine_hints["llama.cpp"] += 1  # llama.cpp's own exception texts (llama-context.cpp, llama-kv-cache.cpp)
     f.add_error(line)
     f.final_error = line
 
@@ -630,7 +640,10 @@ def _f_ctx_exception(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
 
 
 def _f_config(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
-    f.add_event("config", lineno, line, what=(m.group(1) if m.re is _CTX_FAIL else line).strip()[-200:])
+    # an assert is read as a refusal, but weakly: when its condition is about memory ("out of free blocks", "not
+    # enough space") the failure layer reads the same line as the memory failure it is
+    f.add_event("config", lineno, line, what=(m.group(1) if m.re is _CTX_FAIL else line).strip()[-200:],
+                **({"weak": True} if "GGML_ASSERT" in line else {}))
     f.add_error(line)
     f.final_error = line
     f.cause_error = line[:2000]

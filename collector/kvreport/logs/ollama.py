@@ -138,6 +138,15 @@ def _runner_ended(f: LogFacts, line: str, lineno: int) -> bool:
     return _fail(f, line, lineno, "unknown", 0, backend=backend, oom=any(w in low for w in _OOM_WORDS), weak=True)
 
 
+def _predict_failed(f: LogFacts, line: str, lineno: int) -> bool:
+    # llm/server.go Completion (2024-2025): the runner's HTTP server did not answer a request ("POST predict: Post
+    # \"http://127.0.0.1:PORT/completion\": EOF"): the runner process died while serving; why is not in this line
+    if "POST predict:" not in line:
+        return False
+    low = line.lower()
+    return _fail(f, line, lineno, "unknown", 3, oom=any(w in low for w in _OOM_WORDS), weak=True)
+
+
 def _no_context(f: LogFacts, line: str, lineno: int) -> bool:
     # runner (llama.go NewContextWithModel returned nil): llama_init_from_model failed, the buffer is not named
     return _fail(f, line, lineno, "context", 2)
@@ -169,6 +178,7 @@ SECTIONS: tuple[tuple[str, tuple[str, ...], Callable[[LogFacts, str, int], bool]
     ("runner / llama-server ended", ("process has terminated", "reported out-of-memory", "no longer running",
                                      "llama runner process", "llama-server process"), _runner_ended),
     ("runner could not create the context", ("unable to create llama context",), _no_context),
+    ("runner stopped answering a request", ("POST predict:",), _predict_failed),
     ("load failed / HTTP 500", ("model failed to load", "500 Internal Server Error"), _final),
     ("runner started", ("llama runner started", "llama-server started"), _started),
 )

@@ -215,6 +215,18 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"(?:PI|UR_RESULT|ZE_RESULT)_ERROR_OUT_OF_(?:HOST_MEMORY|DEVICE_MEMORY|RESOURCES)|"
                        r"CL_OUT_OF_(?:RESOURCES|HOST_MEMORY)|CL_MEM_OBJECT_ALLOCATION_FAILURE"),
             "sycl", "SYCL PI / Unified Runtime / Level Zero / OpenCL error names (ggml-sycl.cpp, ggml-opencl.cpp)"),
+    # -- OpenCL: ggml-opencl.cpp CL_CHECK (2023-24 CLBlast builds) "ggml_opencl: <call> error <code> at
+    #    ggml-opencl.cpp:<line>": a clCreateBuffer that failed, or the OpenCL codes of memory exhaustion
+    #    (-4 CL_MEM_OBJECT_ALLOCATION_FAILURE, -5 CL_OUT_OF_RESOURCES, -6 CL_OUT_OF_HOST_MEMORY, -61 CL_INVALID_BUFFER_SIZE)
+    OomRule("opencl-check", ("ggml_opencl:",),
+            re.compile(r"ggml_opencl: .{0,200}?(?:clCreateBuffer.{0,200}? error -?\d+|error -(?:4|5|6|61)) at \S*ggml-opencl"),
+            "opencl", "ggml-opencl.cpp CL_CHECK (llama.cpp 2023-2024, koboldcpp CLBlast)", engine="llama.cpp"),
+    # -- Metal API validation (debug builds, Xcode): "newBufferWith*:length 0x86004000 must not exceed 2048 MB."
+    OomRule("metal-validation-length", ("must not exceed",),
+            re.compile(r"newBuffer\w*\*?:length (?P<len>0x[0-9a-fA-F]+|\d+) must not exceed (?P<max>\d+) MB"),
+            "metal", "Metal API Validation (MTLDebugDevice 'Buffer Validation' assertion): one buffer above the "
+            "device's maxBufferLength", read=lambda m: {"mib": int(m.group("len"), 0) / 1048576.0,
+                                                         "limit_mib": float(m.group("max"))}),
     # -- CANN (Ascend): ggml-cann aclrtMalloc / ACL_ERROR_RT_MEMORY_ALLOCATION (207001), rtMalloc failures
     OomRule("cann-oom", ("aclrtMalloc", "rtMalloc", "ACL_ERROR_RT_MEMORY_ALLOCATION", "207001"),
             re.compile(r"ACL_ERROR_RT_MEMORY_ALLOCATION|\b207001\b|(?:acl)?rtMalloc\w*\b.{0,80}?(?:fail|error|out of memory)",
@@ -225,6 +237,10 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"not enough space in the (?:context's|scratch) memory pool(?: \(needed (?P<need>\d+), "
                        r"available (?P<avail>\d+)\))?"),
             "cpu", "ggml.c (2023) ggml_new_tensor_impl / ggml_new_object", phase="compute_buffer", read=_pool),
+    # -- ggml-alloc.c (2023): the graph allocator's free-block table is full: GGML_ASSERT(alloc->n_free_blocks <
+    #    MAX_FREE_BLOCKS && "out of free blocks") while the compute graph is allocated
+    OomRule("ggml-alloc-free-blocks", ("out of free blocks",), re.compile(r"out of free blocks"), None,
+            "ggml-alloc.c ggml_allocr_free_tensor / ggml_tallocr (2023-24)", phase="compute_buffer", engine="llama.cpp"),
     # -- host memory: C++ std::bad_alloc, errno ENOMEM, Python MemoryError, the kernel's OOM killer
     OomRule("bad-alloc", ("bad_alloc",), re.compile(r"std::bad_alloc|\bbad_alloc\b"), "cpu",
             "libstdc++ 'terminate called after throwing an instance of std::bad_alloc'"),
@@ -265,6 +281,12 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"(?i:failed to find (?:a )?(?:kv cache slot|memory slot for (?:u?batch)|free space in the kv cache)"
                        r"|could not find a kv cache slot)"),
             None, "llama.cpp llama_decode / server; Ollama runner (kvcache)", phase="kv_capacity"),
+    # -- an engine's own memory check refused to go on, in words no parser knows ("memory guard refused ctx=32768",
+    #    "memory check failed"): the engine's budget, not an allocation
+    OomRule("memory-check-refused", ("memory guard", "memory check", "memory budget"),
+            re.compile(r"(?i:memory (?:guard|check|budget)\w*\W{1,3}(?:\w+\W+){0,2}?(?:refused|failed|exceeded))"),
+            None, "engines' own pre-allocation checks (wording varies; format not fully known)", phase="memory_budget",
+            generic=True),
     # -- the net: any other line in the words of a memory failure (format not fully understood)
     OomRule("memory-words", ("out of memory", "Out of memory", "OUT OF MEMORY", "OutOfMemory", "OUT_OF_MEMORY",
                              "out-of-memory", "Out Of Memory", "insufficient memory", "Insufficient memory",
@@ -292,13 +314,21 @@ STAGES = (
       "CacheEngine("), "kv_cache"),
     (("load_model", "load_weights", "weight_loader", "Loading weights", "Loading model weights",
       "Loading safetensors", "model_loader"), "model_weights"),
+    # mlx-lm / mlx-vlm / LM Studio's mlx_engine (generate.py, server.py): evaluating the prompt cache's state is the
+    # KV cache; prefill steps and generation are activations
+    (("prompt_cache", "prompt cache"), "kv_cache"),
+    (("Prefill failed", "prompt_step", "_prefill", "stream_generate", "stream generation", "generate_step"),
+     "compute_buffer"),
 )
 """Python engines' start-up steps (traceback frames and log words) -> the phase of an OOM raised inside them."""
 
 ENGINE_WORDS = (("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"), ("TurboMind", "lmdeploy"), ("[TM]", "lmdeploy"),
                 ("mlx_lm", "mlx-lm"), ("mlx-lm", "mlx-lm"), ("mlx_vlm", "mlx-lm"), ("mlx-vlm", "mlx-lm"),
-                ("mlx.core", "mlx-lm"), ("[metal::", "mlx-lm"), ("llama-server", "llama.cpp"), ("llama-cli", "llama.cpp"), ("ggml_", "llama.cpp"), ("ggml-", "llama.cpp"),
-                ("llama_", "llama.cpp"), ("llm_load", "llama.cpp"))
+                ("mlx.core", "mlx-lm"), ("[metal::", "mlx-lm"), ("mlx_engine", "mlx-lm"), ("llama-server", "llama.cpp"), ("llama-cli", "llama.cpp"), ("ggml_", "llama.cpp"), ("ggml-", "llama.cpp"),
+                ("llama_", "llama.cpp"), ("llm_load", "llama.cpp"),
+                # ggml's own names in upper case and its C sources (GGML_ASSERT, "GGML backend", ggml.c, ggml-alloc.c)
+                ("GGML", "llama.cpp"), ("ggml.c", "llama.cpp"), ("common_fit_params", "llama.cpp"),
+                ("common_params_fit", "llama.cpp"))
 """Words that name an engine this layer knows only through its memory errors (module names, log prefixes)."""
 
 FATAL = OomRule(

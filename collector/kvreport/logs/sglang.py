@@ -119,6 +119,22 @@ def _pool_cuda_error(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
     return True
 
 
+def _input_too_long(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
+    # scheduler validate_input_length (2024+): "Input length (N tokens) exceeds the maximum allowed length (M tokens)"
+    # where M = max_req_input_len = min(context_len - 1, max_total_num_tokens - 1) (scheduler.py). The request is
+    # refused for the KV pool (kv_capacity) when M + 1 is the pool's size, for the model's context when it is the
+    # context length (not a memory failure). Without the summary line: model context lengths are multiples of 256,
+    # token pools sized from profiled memory almost never are.
+    f.engine_hints["sglang"] += 3
+    limit = int(m.group(2)) + 1
+    pool, ctx = f.sglang.get("max_total_num_tokens"), f.sglang.get("context_len")
+    if pool is not None or ctx is not None:
+        phase = "kv_capacity" if pool is not None and limit == pool and (ctx is None or pool < ctx) else "unknown"
+    else:
+        phase = "kv_capacity" if limit % 256 else "unknown"
+    return _fail(f, line, lineno, phase, request_tokens=int(m.group(1)), limit_tokens=limit - 1)
+
+
 def _ready(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
     f.add_event("success", lineno, line)
     return True
@@ -126,6 +142,9 @@ def _ready(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
 
 RULES: tuple[Rule, ...] = (
     Rule("engine words", ("sglang", "SGLang", "[TP0]", "TP0 EP0"), re.compile(r"(?i)sglang|\[TP0\]|TP0 EP0"), _hint),
+    # utils configure_logger: format f"[%(asctime)s{prefix}] %(message)s" with a rank prefix (" TP1", " DP0 TP3", ...)
+    Rule("logger rank prefix", (" TP", " DP", " PP"),
+         re.compile(r"(?:^|\s)\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: (?:DP|PP|TP|EP|CP)\d+)+\]"), _hint),
     Rule("KV pool allocated", ("KV Cache is allocated",),
          re.compile(r"KV Cache is allocated\. #tokens:\s*(\d+),\s*(?:K size:\s*([\d.]+) GB,\s*V size:\s*([\d.]+) GB|"
                     r"KV size:\s*([\d.]+) GB)"), _alloc),
@@ -146,6 +165,9 @@ RULES: tuple[Rule, ...] = (
          re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"), _not_enough),
     Rule("CUDA error while creating the pool", ("CUDA error", "CUDA out of memory"),
          re.compile(r"CUDA error|CUDA out of memory"), _pool_cuda_error),
+    Rule("input longer than the pool", ("exceeds the maximum allowed length",),
+         re.compile(r"Input length \((\d+) tokens\) exceeds the maximum allowed length \((\d+) tokens\)"),
+         _input_too_long),
     Rule("server ready", ("The server is fired up and ready",), re.compile(r"The server is fired up and ready"),
          _ready),
 )
