@@ -37,6 +37,20 @@ EXAMPLES = [
     # ggml-alloc.c (2023) graph allocator's free-block table
     ("ggml-alloc-free-blocks", 'GGML_ASSERT: ggml-alloc.c:216: alloc->n_free_blocks < MAX_FREE_BLOCKS && "out of free '
                                'blocks"', None, "compute_buffer"),
+    ("kv-slot-ollama", 'time=2024-11-02T10:00:00.000Z level=ERROR source=runner.go:300 msg="failed to decode batch" '
+                       'error="could not find a kv cache slot"', None, "kv_capacity"),
+    ("node-llama-cpp-estimate", "Error: InsufficientMemoryError: A context size of 4096 with 4 sequences is too large "
+                                "for the available VRAM", None, "memory_budget"),
+    ("flashinfer-workspace", "RuntimeError: Error in function 'aligned_alloc' at /workspace/include/flashinfer/allocator"
+                             ".h:49: Buffer overflow when allocating memory for batch_prefill_tmp_v with size 536346624 "
+                             "and alignment 16, but only 413138944 bytes available in AlignedAllocator. Increase the "
+                             "workspace buffer size.", "cuda", "compute_buffer"),
+    ("vllm-metal-kv-budget", "ValueError: Paged attention: not enough Metal memory for KV cache. metal_limit=19.07GB, "
+                             "fraction=0.92, usable_metal=17.54GB, model_memory=16.38GB, overhead=1.30GB, "
+                             "kv_budget=-0.13GB.", "metal", "memory_budget"),
+    ("vllm-sampler-warmup", "RuntimeError: CUDA out of memory occurred when warming up sampler with 256 dummy requests. "
+                            "Please try lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the "
+                            "engine.", "cuda", "compute_buffer"),
     ("memory-check-refused", "ds4: GLM memory guard refused ctx=32768 compact_cap=32768 before GLM graph allocation",
      None, "memory_budget"),
     ("torch-oom-bare", "RuntimeError: CUDA driver error: out of memory", "cuda", "unknown"),

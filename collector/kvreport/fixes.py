@@ -818,6 +818,9 @@ def _py_reduce_max_len(b: _Builder, rank: float) -> None:
     k = _py_knobs(s)
     max_len, len_flag = k["max_len"], k["len_flag"]
     avail = (s.vllm or {}).get("available_kv_mib")
+    pool = (s.vllm or {}).get("pool_tokens")
+    if pool is not None and int(pool) < 256:
+        return  # a pool of a few tokens: no useful length fits it (more memory, fewer weights or more GPUs do)
     target = _py_pool_target(s, max_len)
     if target and max_len and target < int(max_len):
         b.add(rank, "reduce-max-model-len", f"Lower {len_flag} to {target}", {len_flag: target},
@@ -913,8 +916,13 @@ def _py_act_max_len(b: _Builder, rank: float) -> None:
 
 
 def _py_act_batch(b: _Builder, rank: float) -> None:
+    """The tokens of one step down to 2048; below a current value of 2048 or less, half of it (never under 256)."""
     batch_flag = _py_knobs(b.s)["batch_flag"]
-    b.add(rank, "reduce-batch", f"Lower {batch_flag} to 2048", {batch_flag: 2048}, "a smaller activation peak per step",
+    cur = b.s.flags.get(batch_flag.lstrip("-").replace("-", "_"))
+    new = 2048 if not isinstance(cur, (int, float)) or cur > 2048 else int(cur) // 2
+    if new < 256:
+        return
+    b.add(rank, "reduce-batch", f"Lower {batch_flag} to {new}", {batch_flag: new}, "a smaller activation peak per step",
           "Activations grow with the tokens processed in one step; graph capture also reserves memory per batch size "
           "(--enforce-eager / --cuda-graph-max-bs shrink that).")
 

@@ -105,7 +105,7 @@ _CTX_EXC = re.compile(r"failed to initialize the context: Exception from")
 _CONFIG = re.compile(
     r"n_seq_max must be|requires flash_attn|requires Flash Attention|does not support different K|does not divide n_embd_head|"
     r"unknown model architecture|error loading model|GGML_ASSERT|invalid magic|not within the file bounds|"
-    r"failed to read|tensor '.*' has|error: invalid argument|unknown argument|file not found|No such file|"
+    r"failed to read|tensor '.*' has|error: invalid argument|unknown argument|"
     r"SPLIT_MODE_TENSOR requires|is not a GGUF file|failed to open")
 _FINAL = re.compile(
     r"failed to create context|failed to create_context|exiting due to model loading error|unable to create context|"

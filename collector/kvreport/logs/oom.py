@@ -156,6 +156,11 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"(cuda|hip)Malloc failed: out of memory|cudaErrorMemoryAllocation|hipErrorOutOfMemory"),
             "cuda", "ggml-cuda.cu ggml_backend_cuda_buffer_type_alloc_buffer; Ollama 'cudaMalloc failed: out of memory'"),
     # -- torch (vLLM, SGLang, TGI, LMDeploy's PyTorch engine): torch/csrc/.../CUDACachingAllocator.cpp
+    # -- vLLM gpu_model_runner._dummy_sampler_run (V1): "CUDA out of memory occurred when warming up sampler with N
+    #    dummy requests. Please try lowering `max_num_seqs` or `gpu_memory_utilization`"
+    OomRule("vllm-sampler-warmup", ("when warming up sampler",),
+            re.compile(r"out of memory occurred when warming up sampler"), "cuda",
+            "vllm/v1/worker/gpu_model_runner.py _dummy_sampler_run", phase="compute_buffer", engine="vllm"),
     OomRule("torch-oom", ("out of memory. Tried to allocate", "has a total capac"),
             _TORCH_RX, None, "torch CUDACachingAllocator OutOfMemoryError message (all torch 2.x)",
             phase=None, read=_torch),
@@ -278,15 +283,39 @@ RULES: tuple[OomRule, ...] = (
     #    (2024), "failed to find a memory slot for batch of size N" (2025+), the server's "failed to find free space
     #    in the KV cache"; Ollama's runner "could not find a kv cache slot"
     OomRule("kv-slot", ("KV cache slot", "kv cache slot", "memory slot for", "free space in the KV cache"),
-            re.compile(r"(?i:failed to find (?:a )?(?:kv cache slot|memory slot for (?:u?batch)|free space in the kv cache)"
-                       r"|could not find a kv cache slot)"),
-            None, "llama.cpp llama_decode / server; Ollama runner (kvcache)", phase="kv_capacity"),
+            re.compile(r"(?i:failed to find (?:a )?(?:kv cache slot|memory slot for (?:u?batch)|free space in the kv cache))"),
+            None, "llama.cpp llama_decode (llama-context.cpp) / llama-server update_slots", phase="kv_capacity",
+            engine="llama.cpp"),
+    OomRule("kv-slot-ollama", ("could not find a kv cache slot", "could not find a KV cache slot"),
+            re.compile(r"(?i:could not find a kv cache slot)"), None, "Ollama runner kvcache/causal.go (2024-2026)",
+            phase="kv_capacity", engine="ollama"),
+    # -- node-llama-cpp (withcatai): its own estimate before it creates a context (InsufficientMemoryError "A context
+    #    size of 4096 with 4 sequences is too large for the available VRAM")
+    OomRule("node-llama-cpp-estimate", ("InsufficientMemoryError", "too large for the available"),
+            re.compile(r"(?:InsufficientMemoryError: )?A context size of (?P<ctx>\d+)(?: with (?P<seq>\d+) sequences?)? is "
+                       r"too large for the available (?P<mem>VRAM|RAM)"),
+            None, "withcatai/node-llama-cpp LlamaContext (InsufficientMemoryError)", phase="memory_budget",
+            engine="llama.cpp"),
     # -- an engine's own memory check refused to go on, in words no parser knows ("memory guard refused ctx=32768",
     #    "memory check failed"): the engine's budget, not an allocation
     OomRule("memory-check-refused", ("memory guard", "memory check", "memory budget"),
             re.compile(r"(?i:memory (?:guard|check|budget)\w*\W{1,3}(?:\w+\W+){0,2}?(?:refused|failed|exceeded))"),
             None, "engines' own pre-allocation checks (wording varies; format not fully known)", phase="memory_budget",
             generic=True),
+    # -- FlashInfer's fixed attention workspace (vLLM, SGLang): include/flashinfer/allocator.h AlignedAllocator
+    #    "Buffer overflow when allocating memory for batch_prefill_tmp_v with size N and alignment 16, but only M
+    #    bytes available in AlignedAllocator": a buffer of fixed size, not the device's free memory
+    OomRule("flashinfer-workspace", ("AlignedAllocator", "Buffer overflow when allocating"),
+            re.compile(r"Buffer overflow when\s+allocating memory for (?P<name>\w+) with size\s+(?P<size>\d+)"
+                       r"(?: and\s+alignment \d+)?,?\s+(?:but\s+)?only\s+(?P<avail>\d+) bytes"),
+            "cuda", "flashinfer include/flashinfer/allocator.h AlignedAllocator::aligned_alloc (2024-2026)",
+            phase="compute_buffer", read=lambda m: {"mib": _mib(m.group("size"), None),
+                                                    "limit_mib": _mib(m.group("avail"), None)}),
+    # -- vllm-metal (vLLM's Apple plugin, 2026) MetalWorker.determine_available_memory: "Paged attention: not enough
+    #    Metal memory for KV cache. metal_limit=..GB, fraction=.., ..., kv_budget=-12.05GB": its own budget check
+    OomRule("vllm-metal-kv-budget", ("not enough Metal memory for KV cache",),
+            re.compile(r"not enough Metal memory for KV cache"), "metal",
+            "vllm-project/vllm-metal worker (_validate_paged_attention_plan)", phase="memory_budget", engine="vllm"),
     # -- the net: any other line in the words of a memory failure (format not fully understood)
     OomRule("memory-words", ("out of memory", "Out of memory", "OUT OF MEMORY", "OutOfMemory", "OUT_OF_MEMORY",
                              "out-of-memory", "Out Of Memory", "insufficient memory", "Insufficient memory",
@@ -318,6 +347,11 @@ STAGES = (
     # KV cache; prefill steps and generation are activations
     (("prompt_cache", "prompt cache"), "kv_cache"),
     (("Prefill failed", "prompt_step", "_prefill", "stream_generate", "stream generation", "generate_step"),
+     "compute_buffer"),
+    # a model's forward pass (traceback frame "in forward") and TGI's serving steps: the router's tracing spans
+    # ("batch{batch_size=1}:prefill:prefill{id=9 size=1}", "decode{"), the server's generate_token, the Python
+    # client's "Request failed during generation": activations, after start-up
+    ((", in forward", "generate_token", "Request failed during generation", ":prefill", "prefill{", "decode{"),
      "compute_buffer"),
 )
 """Python engines' start-up steps (traceback frames and log words) -> the phase of an OOM raised inside them."""
@@ -376,6 +410,14 @@ def _net_data(line: str) -> dict | None:
     return {"mib": _mib(size.group(1), size.group(2))} if size else {}
 
 
+def stage_of(line: str) -> str | None:
+    """The phase of the start-up or serving step a line names (:data:`STAGES`), or None."""
+    for words, phase in STAGES:
+        if any(w in line for w in words):
+            return phase
+    return None
+
+
 def feed(f: LogFacts, line: str, lineno: int) -> None:
     """Read one cleaned line: an ``oom`` event for the first rule that matches (at most one per line)."""
     if "current device:" in line:
@@ -388,10 +430,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         if word in line:
             f.engine_hints[engine] += 2 if engine != "llama.cpp" else 1
             break
-    for words, phase in STAGES:
-        if any(w in line for w in words):
-            f.py_stage = phase
-            break
+    f.py_stage = stage_of(line) or f.py_stage
     for rule in RULES:
         if not any(k in line for k in rule.keywords):
             continue

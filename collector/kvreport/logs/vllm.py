@@ -7,15 +7,19 @@ import re
 
 from kvreport.logs.common import to_float, to_int
 from kvreport.logs.facts import LogFacts
-from kvreport.logs.oom import torch_oom
+from kvreport.logs.oom import stage_of, torch_oom
 
 KEYWORDS = ("vLLM", "vllm", "KV cache", "max seq len", "gpu_memory_utilization", "GPU blocks", "blocks:",
-            "Free memory on device", "Model loading took", "model weights took", "Maximum concurrency",
+            "Free memory on", "Model loading took", "model weights took", "Maximum concurrency",
             "EngineCore", "out of memory", "max_model_len", "Memory profiling", "cache blocks", "KVCache",
             "Required:", "Auto-fit", "Application startup complete", "Starting vLLM", "reserved for KV Cache",
             # halves of messages pasted re-wrapped (kvreport.logs.WRAP_PHRASES)
-            "memory utilization", "KV cache memory", "is needed", "Tried to allocate")
+            "memory utilization", "KV cache memory", "is needed", "Tried to allocate",
+            ".py:")  # the logger's "[file.py:N]" prefix
 
+# vllm/logger.py: "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s" with "%m-%d %H:%M:%S" (2024+;
+# 2023: "%(filename)s:%(lineno)d]" without the bracket): "ERROR 03-13 09:00:43 [core.py:330] ..."
+_LOGGER = re.compile(r"\b(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w./-]+\.py:\d+\]")
 _AVAIL = re.compile(r"Available KV cache memory:\s*(-?[\d.]+)\s*GiB|"
                     # V0 worker.py (0.6-0.8): "...; the rest of the memory reserved for KV Cache is -1.05GiB."
                     r"the rest of the memory reserved for KV Cache is\s*(-?[\d.]+)\s*GiB")
@@ -26,7 +30,11 @@ _V0_CAP = re.compile(r"max seq len \((\d+)\) is larger than the maximum number o
 _V1_CAP = re.compile(r"max seq len \((\d+)\),\s*\(?([\d.]+) Gi?B KV cache is needed, which is larger than the available KV cache memory \(([-\d.]+) Gi?B\)")
 _EST = re.compile(r"estimated maximum model length is (\d+)")
 _NO_MEM = re.compile(r"No available memory for the cache blocks")
-_GATE = re.compile(r"Free memory on device\s*(\S+)?\s*\(([\d.]+)/([\d.]+) GiB\) on startup is less than desired GPU memory utilization \(([\d.]+),\s*([\d.]+) GiB\)")
+# worker startup check (V1, 2025+): "Free memory on device cuda:0 (38.74/121.63 GiB) on startup is less than desired
+# GPU memory utilization (0.35, 42.57 GiB)", and the short form people quote ("Free memory on cuda:0 (a/b GiB) <
+# desired utilization (0.35, 42.57 GiB)")
+_GATE = re.compile(r"Free memory on (?:device\s*)?(\S+)?\s*\(([\d.]+)/([\d.]+) GiB\)\s*(?:on startup is less than|<)\s*"
+                   r"desired (?:GPU memory )?utilization \(([\d.]+),\s*([\d.]+) GiB\)")
 _WEIGHTS = re.compile(r"(?:Model loading|Loading model weights) took ([\d.]+)\s*(GiB|GB)")
 _VERSION = re.compile(r"(?:vLLM API server version|vLLM server version|LLM engine \(v)\s*v?([\d][\w.\-+]*)")
 _AUTOFIT = re.compile(r"Auto-fit max_model_len: reduced from (\d+) to (\d+)")
@@ -51,7 +59,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
     if "vllm_rs" in line or "vllm-rs" in line or "KVCache" in line or ("Available:" in line and "Required:" in line):
         _feed_vllm_rs(f, line, lineno)
         return
-    if "vllm" in line.lower() or "EngineCore" in line:
+    if "vllm" in line.lower() or "EngineCore" in line or ".py:" in line and _LOGGER.search(line):
         f.engine_hints["vllm"] += 2
     m = _VERSION.search(line)
     if m:
@@ -167,8 +175,8 @@ def _failure(f: LogFacts, line: str, lineno: int) -> bool:
             f.set_device(dev, "torch_oom", total_mib=total)
         # the step it was raised in (traceback frames, kvreport.logs.oom.STAGES), else: after the weights were
         # loaded it is the profiling / graph capture (compute); before, with vLLM's start-up lines seen, the weights
-        if f.py_stage:
-            phase = f.py_stage
+        if stage_of(line) or f.py_stage:
+            phase = stage_of(line) or f.py_stage
         elif f.stage == "profile" or "weights_mib" in v:
             phase = "compute_buffer"
         elif v.get("version") or v.get("config"):
