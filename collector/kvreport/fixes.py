@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvreport import strict
+from kvreport.units import MIB
 
 SUGGESTION_IDS = (
     # design.md's vocabulary
@@ -927,6 +928,20 @@ def _py_act_batch(b: _Builder, rank: float) -> None:
           "(--enforce-eager / --cuda-graph-max-bs shrink that).")
 
 
+def _py_workspace(b: _Builder, rank: float) -> None:
+    """A FlashInfer workspace twice the failed request, in whole 128 MiB (vLLM VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE,
+    default 394 MiB; SGLang SGLANG_FLASHINFER_WORKSPACE_SIZE, default 384 MiB; both in bytes)."""
+    s = b.s
+    if not s.requested_mib:
+        return
+    env = "SGLANG_FLASHINFER_WORKSPACE_SIZE" if s.engine == "sglang" else "VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE"
+    new_mib = max(512, math.ceil(2 * s.requested_mib / 128) * 128)
+    b.add(rank, "work-around-alloc-limit", f"Give FlashInfer a {new_mib} MiB workspace", {env: int(new_mib * MIB)},
+          f"room for the {_mib(s.requested_mib)} MiB buffer that overflowed the workspace",
+          "FlashInfer carves its temporary buffers out of one workspace of fixed size; the device had memory, the "
+          f"workspace did not. {env} sets it (bytes); SGLang's --enable-deterministic-inference fixes it at 2 GiB.")
+
+
 def _py_act_lower_util(b: _Builder, rank: float) -> None:
     """Leave more memory outside the KV pool: when the torch OOM gives the request, the free memory and the device's
     total, the fraction drops by the missing share of the total (plus 0.01), at least 0.05; else 0.05 (LMDeploy:
@@ -1066,6 +1081,11 @@ def weights_on_gpu(s: Situation) -> bool:
     """The weights failed on a GPU device (not the CPU, not a pinned host buffer, not the host killing the process)."""
     return s.backend not in ("cpu", "unknown") and not (s.failing_device or "").endswith("_Host") \
         and not host_ran_out(s)
+
+
+def fixed_workspace(s: Situation) -> bool:
+    """FlashInfer's attention workspace (a buffer of fixed size, set by an environment variable) overflowed."""
+    return s.oom_rule == "flashinfer-workspace"
 
 
 def host_ran_out(s: Situation) -> bool:
@@ -1279,6 +1299,7 @@ RULES: tuple[Rule, ...] = (
     _r("raise-gpu-memory-utilization", PYTHON, ("kv_capacity", "kv_cache"), vllm_pool_too_small, 1, _py_raise_util),
     _r("reduce-max-num-seqs", PYTHON, ("kv_capacity", "kv_cache"), pool_too_small, 1.5, _py_one_seq),
     _r("quantize-kv-cache", PYTHON, ("kv_capacity", "kv_cache"), pool_too_small, 2, _py_fp8),
+    _r("work-around-alloc-limit", PYTHON, _CB, fixed_workspace, -1, _py_workspace),
     _r("reduce-max-model-len", PYTHON, _UNK, activation_oom, 0, _py_act_max_len),
     _r("reduce-batch", PYTHON, _CB, activation_oom, 0, _py_act_batch),
     _r("reduce-batch", PYTHON, _UNK, activation_oom, 1, _py_act_batch),
@@ -1308,8 +1329,12 @@ def family_of(s: Situation) -> str:
         return family
     flags = s.flags or {}
     py_like = any(k in flags for k in ("max_model_len", "gpu_memory_utilization", "max_num_seqs")) or \
-        (s.oom_rule or "").startswith("torch")
+        (s.oom_rule or "").startswith("torch") or s.oom_rule in _PYTHON_RULES
     return PYTHON if py_like else LLAMA
+
+
+_PYTHON_RULES = ("flashinfer-workspace", "vllm-sampler-warmup", "vllm-metal-kv-budget")
+"""Failure-layer formats (kvreport.logs.oom) that only the Python engines print."""
 
 
 def suggest(s: Situation, limit: int = 4) -> list[dict]:

@@ -447,6 +447,8 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
             backend = {"CUDA": "cuda", "HIP": "rocm", "XPU": "sycl", "MPS": "metal", "NPU": "cann"}.get(m.group("be") or "CUDA")
         elif backend is None:
             backend = _backend_of_words(line.lower())
+        if rule.engine:  # a format only one engine prints names it
+            f.engine_hints[rule.engine] += 2 if rule.engine != "llama.cpp" else 1
         f.add_event("oom", lineno, line, rule=rule.id, backend=backend, phase=rule.phase, engine=rule.engine,
                     generic=rule.generic, memory=True, py_stage=f.py_stage or None, **data)
         return
