@@ -196,6 +196,11 @@ class _Group:
                     return "model_weights"
                 if e.get("stage") == "context":
                     return "kv_cache"
+                if e.get("fn") == "alloc_tensor_range" and not e.get("stage"):
+                    # ggml_backend_alloc_ctx_tensors_from_buft: the weights' buffers, or the KV cache's, which
+                    # llama.cpp always follows with its own reason line ("failed to allocate buffer for kv cache")
+                    # and which comes after the context stage began; with neither, the weights
+                    return "model_weights"
         return "unknown"
 
     def ggml(self) -> dict | None:

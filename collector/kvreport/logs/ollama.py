@@ -43,7 +43,9 @@ def _mib(text: str | None) -> float | None:
 def _hints(f: LogFacts, line: str, lineno: int) -> bool:
     if "level=" in line and "source=" in line and "msg=" in line:
         f.engine_hints["ollama"] += 3
-    if "llama runner" in line or "OLLAMA_" in line or _WORD.search(line):
+    # "llama runner process has terminated" (2024-25) and "llama-server process has terminated" (2026,
+    # llm/llama_server.go): Ollama's words for its runner subprocess
+    if "llama runner" in line or "llama-server process" in line or "OLLAMA_" in line or _WORD.search(line):
         f.engine_hints["ollama"] += 2
     m = _VERSION.search(line) if "version" in line else None
     if m and ("ollama" in line.lower() or "Listening on" in line or "msg=" in line):
@@ -169,8 +171,8 @@ def _started(f: LogFacts, line: str, lineno: int) -> bool:
 
 
 SECTIONS: tuple[tuple[str, tuple[str, ...], Callable[[LogFacts, str, int], bool]], ...] = (
-    ("engine hints and version", ("msg=", "Listening on", "ollama", "Ollama", "llama runner", "OLLAMA_", "runner.go",
-                                  "version"), _hints),
+    ("engine hints and version", ("msg=", "Listening on", "ollama", "Ollama", "llama runner", "llama-server process",
+                                  "OLLAMA_", "runner.go", "version"), _hints),
     ("load request (KvSize, Parallel, KvCacheType)", ("KvSize",), _load_request),
     ("structured records (msg=...)", ("msg=",), _msg_record),
     ("memory layout refused", ("memory layout cannot be allocated",), _layout),

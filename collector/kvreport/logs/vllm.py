@@ -53,6 +53,12 @@ def torch_device(name: str | None) -> tuple[str | None, str | None]:
     return None, None
 
 
+def _msg_backend(line: str) -> str | None:
+    """vLLM's capacity errors on its CPU backend name that backend's knob ("Try increasing `VLLM_CPU_KVCACHE_SPACE`",
+    2025+); the GPU wording names gpu_memory_utilization and says nothing of the backend."""
+    return "cpu" if "VLLM_CPU_KVCACHE_SPACE" in line else None
+
+
 def feed(f: LogFacts, line: str, lineno: int) -> None:
     """Read one cleaned vLLM line into ``f``. Never raises on text."""
     v = f.vllm
@@ -83,7 +89,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         f.engine_hints["vllm"] += 2
         if v["available_kv_mib"] <= 0:
             # vLLM raises "No available memory for the cache blocks" right after this line
-            f.add_event("engine", lineno, line, engine="vllm", phase="kv_capacity", backend=None, negative=True)
+            f.add_event("engine", lineno, line, engine="vllm", phase="kv_capacity", backend=_msg_backend(line), negative=True)
             f.final_error = line
             f.add_error(line)
         return
@@ -122,7 +128,7 @@ def _failure(f: LogFacts, line: str, lineno: int) -> bool:
     if m:
         v["max_model_len"], v["pool_tokens"] = int(m.group(1)), int(m.group(2))
         f.engine_hints["vllm"] += 3
-        f.add_event("engine", lineno, line, engine="vllm", phase="kv_capacity", backend=None)
+        f.add_event("engine", lineno, line, engine="vllm", phase="kv_capacity", backend=_msg_backend(line))
         f.final_error = line
         f.add_error(line)
         return True
@@ -136,7 +142,7 @@ def _failure(f: LogFacts, line: str, lineno: int) -> bool:
             v["estimated_max_len"] = int(m2.group(1))
         f.engine_hints["vllm"] += 3
         # the engine's own numbers: the KV one max-length request needs against the KV memory it has
-        f.add_event("engine", lineno, line, engine="vllm", phase="kv_capacity", backend=None,
+        f.add_event("engine", lineno, line, engine="vllm", phase="kv_capacity", backend=_msg_backend(line),
                     requested_mib=v["kv_needed_mib"], free_mib=v["available_kv_mib"])
         f.final_error = line
         f.add_error(line)
@@ -148,7 +154,7 @@ def _failure(f: LogFacts, line: str, lineno: int) -> bool:
             # vLLM raises this when the profiled budget leaves nothing (V0: "# GPU blocks: 0") for the KV cache
             v.setdefault("available_kv_mib", 0.0)
         f.engine_hints["vllm"] += 3
-        f.add_event("engine", lineno, line, engine="vllm", phase="kv_capacity", backend=None)
+        f.add_event("engine", lineno, line, engine="vllm", phase="kv_capacity", backend=_msg_backend(line))
         f.final_error = line
         f.add_error(line)
         return True
