@@ -91,7 +91,15 @@ def _failure_entries(f: LogFacts, failure: dict, trail: dict) -> list[dict]:
     return out
 
 
-def _input_entries(f: LogFacts, mem: dict, trail: dict) -> list[dict]:
+def _default_cache_type(engine: str | None) -> str:
+    """Why a cache type nobody set is 16-bit, in the engine's own terms."""
+    if engine in ("vllm", "sglang", "tgi", "lmdeploy", "mlx-lm"):
+        return (f"{engine}'s default KV dtype is the model's own ('auto'), 16-bit for the usual bf16/f16 checkpoints: "
+                "2 bytes per value, as f16")
+    return "llama.cpp's default cache type (f16)"
+
+
+def _input_entries(f: LogFacts, mem: dict, trail: dict, engine: str | None = None) -> list[dict]:
     inputs = mem.get("inputs") or {}
     src = inputs.get("source")
     out = []
@@ -119,9 +127,8 @@ def _input_entries(f: LogFacts, mem: dict, trail: dict) -> list[dict]:
             else:
                 out.append(_entry(fact, v, "analyze.config", None, "default",
                                   {"n_seq": "one sequence unless the log or command says otherwise",
-                                   "cache_type_k": "llama.cpp's default cache type (f16)",
-                                   "cache_type_v": "llama.cpp's default cache type (f16)"}.get(key,
-                                                                                                "not in the log")))
+                                   "cache_type_k": _default_cache_type(engine),
+                                   "cache_type_v": _default_cache_type(engine)}.get(key, "not in the log")))
         elif src == "gguf":
             out.append(_entry(fact, v, "gguf_meta.shape_from_metadata", None, "gguf", "the model file's header"))
         elif line:
@@ -159,7 +166,7 @@ def explain(f: LogFacts, d: dict, trail: dict) -> list[dict]:
         out.append(_entry("engine", eng, "analyze.engine", None, "command",
                           "from the command line or the bundle's engine section"))
     out += _failure_entries(f, d.get("failure") or {}, trail)
-    out += _input_entries(f, d.get("memory") or {}, trail)
+    out += _input_entries(f, d.get("memory") or {}, trail, eng)
     sig = d.get("signature") or {}
     for part, note in zip(("engine", "phase", "backend"), sig.get("notes") or [], strict=False):
         out.append(_entry(f"signature.{part}", (sig.get("key") or "").split("/")[("engine", "phase", "backend").index(part)]

@@ -650,8 +650,10 @@ def _smaller_model(b: _Builder, rank: float) -> None:
     why = ("The weights were refused although they fit the free memory the log reported; a smaller model only helps "
            "under the same limit." if b.s.verdict == "fits_but_failed"
            else "The weights alone do not fit the memory available for them.")
+    example = {LLAMA: "e.g. Q4_K_M is about 60 % of Q8_0", MLX: "a 4-bit MLX quant is about a quarter of 16-bit weights"
+               }.get(family_of(b.s), "FP8 halves 16-bit weights; 4-bit AWQ/GPTQ quarters them")
     b.add(rank, "smaller-model-or-quant", "Use a smaller model or a smaller quantization", {},
-          "weights shrink with the quantization (e.g. Q4_K_M is about 60 % of Q8_0)", why)
+          f"weights shrink with the quantization ({example})", why)
 
 
 def _slots_for_full_kv(b: _Builder, rank: float) -> None:

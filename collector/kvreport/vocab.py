@@ -49,7 +49,20 @@ def what_failed(diagnosis: dict, short: bool = False) -> str:
     if phase == "unknown" and (f.get("allocator_error") or any(
             x.get("kind") in _MEMORY_FINDINGS for x in diagnosis.get("findings") or [])):
         return "memory error, buffer not named" if short else MEMORY_UNPLACED
+    final = f.get("final_error") or ""
+    for phase_of, words, sentence in MESSAGE_SENTENCE:
+        if phase == phase_of and words in final and not short:
+            return sentence
     return PHASE_SENTENCE.get(phase, phase)
+
+
+MESSAGE_SENTENCE = (
+    ("kv_capacity", "No available memory for the cache blocks",
+     "nothing was left for the KV cache: the weights and the profiled activations used the whole memory budget"),
+)
+"""(phase, words of the engine's final message, sentence): a sharper sentence than the phase's when the message
+says more (vLLM's "No available memory for the cache blocks" is an empty pool, not a small one)."""
+
 PYTHON_ENGINES = ("vllm", "sglang", "tgi")
 """Engines whose version kvreport reads from the Python packages of their interpreter (``probes.pyengines``)."""
 KV_PHASES = ("kv_cache", "kv_capacity")
