@@ -91,6 +91,18 @@ def test_fit_from_a_real_log():
     assert rep["inputs"]["source"] == "log"
 
 
+def test_fit_from_a_log_fits_into_the_logs_own_free_memory(monkeypatch):
+    """Without --free-mib, a log that printed its devices' free memory is fitted into that memory (the machine
+    running kvreport is often not the one that wrote the log), never into the local devices'."""
+    monkeypatch.setattr(fit_mod, "local_free_mib", lambda *a: pytest.fail("local devices probed for a log's fit"))
+    case = next(c for c in case_dirs() if c.name.startswith("loc-17"))  # "CPU : AMD EPYC (24105 MiB, 24105 MiB free)"
+    r = CliRunner().invoke(main, ["fit", "--log", str(case / "log.txt"), "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert rep["free_mib"] == 24105.0 and "the log's free memory on CPU" in rep["free_source"]
+    assert rep["headroom_mib"] == 0.0 and not rep["fits"]
+
+
 def test_fit_from_hf_config(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32,

@@ -172,7 +172,7 @@ def analyze(path: str, as_json: bool, command_line: str | None, model_path: str 
 @click.option("--config", "hf_config", type=click.Path(dir_okay=False),
               help="A Hugging Face config.json (vLLM / SGLang sizing).")
 @click.option("-c", "--ctx-size", "ctx_size", type=click.IntRange(min=0), help="Requested context (tokens).")
-@click.option("--free-mib", type=_MiB(), help="Free memory to fit into (MiB); default: local devices.")
+@click.option("--free-mib", type=_MiB(), help="Free memory to fit into (MiB); default: what the --log printed for its GPUs, else local devices.")
 @click.option("-np", "--parallel", "parallel", type=click.IntRange(min=1), help="Parallel sequences (slots).")
 @click.option("-kvu/-no-kvu", "--kv-unified/--no-kv-unified", "kv_unified", default=None,
               help="Unified KV cache (llama-server's default with automatic --parallel).")

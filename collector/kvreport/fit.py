@@ -267,7 +267,11 @@ def _shape_from_options(model_path, log_path, hf_config) -> tuple[ModelShape, di
                 ctx.setdefault("type_k", cache.get("type_k"))
                 ctx.setdefault("type_v", cache.get("type_v"))
                 break
-        return shape, {k: v for k, v in ctx.items() if v is not None}
+        ctx = {k: v for k, v in ctx.items() if v is not None}
+        room = log_free_mib(facts)
+        if room:
+            ctx["_free"] = room
+        return shape, ctx
     from kvreport.hfconfig import load_hf_config, shape_from_hf_config
 
     return shape_from_hf_config(load_hf_config(hf_config)), {}
@@ -300,6 +304,25 @@ def local_free_mib(timeout: float = 3.0) -> tuple[float, str]:
     return float(free), "host RAM (no GPU found)"
 
 
+def log_free_mib(facts) -> tuple[float, str] | None:
+    """Room for the KV on the GPUs of the log's machine (its host RAM for a CPU-only run): the free memory the log
+    printed for each at load, less
+    the model, compute and output buffers the log shows placed there (dry runs left out); (MiB, source) or None
+    when the log prints no GPU's free memory. The machine running ``kvreport fit`` is often not that one."""
+    from kvreport.vocab import backend_of_device
+
+    printed = {n: d for n, d in (facts.devices or {}).items() if d.get("free_mib") is not None and backend_of_device(n)}
+    gpus = {n: d for n, d in printed.items() if backend_of_device(n) != "cpu"} or printed  # a CPU-only run: its RAM
+    if not gpus:
+        return None
+    used = sum(float(b.get("mib") or 0.0) for b in facts.buffers or []
+               if b.get("device") in gpus and not b.get("dry_run")
+               and not any(w in str(b.get("kind", "")) for w in ("KV", "RS")))
+    free = sum(float(d["free_mib"]) for d in gpus.values())
+    return max(0.0, free - used), (f"the log's free memory on {', '.join(gpus)} at load, less {used:.0f} MiB of "
+                                   "model and compute buffers it placed there")
+
+
 def _apply_log_context(log_ctx: dict, ctx_size, parallel, kv_unified, cache_type_k, cache_type_v) -> tuple:
     """A log supplies the context it ran with, unless the options say otherwise."""
     if ctx_size is None and str(log_ctx.get("n_ctx", "")).isdigit():
@@ -322,7 +345,13 @@ def fit_from_options(model_path=None, log_path=None, hf_config=None, ctx_size=No
     if log_ctx:
         ctx_size, parallel, kv_unified, cache_type_k, cache_type_v = _apply_log_context(
             log_ctx, ctx_size, parallel, kv_unified, cache_type_k, cache_type_v)
-    if free_mib is None:
+    log_room = (log_ctx or {}).pop("_free", None)
+    if free_mib is None and log_room:
+        free, source = log_room
+        headroom = 0.0 if headroom_mib is None else headroom_mib
+        reason = ("none subtracted: the buffers the log placed are already taken off" if headroom_mib is None
+                  else "--headroom-mib")
+    elif free_mib is None:
         free, source = local_free_mib()
         headroom = DEFAULT_HEADROOM_MIB if headroom_mib is None else headroom_mib
         reason = ("llama.cpp's --fit keeps 1024 MiB free by default (-fitt)" if headroom_mib is None
