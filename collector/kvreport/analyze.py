@@ -394,8 +394,16 @@ class _Diagnosis:
             out["backend"] = self._backend_guess()
         if out["phase"] == "none":
             out["backend"] = "unknown"
+        self._recovered_events(real)
         self._free_and_verdict(out)
         return out
+
+    def _recovered_events(self, real: list[dict]) -> None:
+        """An engine's own word that it met a memory shortage and carried on (SGLang's request retraction)."""
+        recovered = [e for e in real if e["kind"] == "recovered"]
+        if recovered:
+            self.finding("recovered_allocation", f"{recovered[0]['what']} and carried on"
+                         + (f" ({len(recovered)} times)" if len(recovered) > 1 else ""), recovered[0]["line"])
 
     # -- the failure layer (kvreport.logs.oom): memory-error lines that no engine-specific rule read
     def _oom_events(self, real: list[dict]) -> list[dict]:
@@ -489,8 +497,7 @@ class _Diagnosis:
                      fatal[-1]["line"])
         return True
 
-    @staticmethod
-    def _oom_phase(ev: dict) -> str:
+    def _oom_phase(self, ev: dict) -> str:
         """A phase from where the error happened, when the error block names it (ggml's CUDA pool is the
         compute scratch memory: ``in function ggml_cuda_pool_malloc`` / ``alloc``); else unknown."""
         fn = ev.get("function") or ""
@@ -500,7 +507,12 @@ class _Diagnosis:
             return "compute_buffer"
         if ev.get("py_stage"):
             return ev["py_stage"]  # a Python engine's start-up step (traceback frames, log words)
-        # llama.cpp's own stage when the error came: still loading the weights, or creating the context
+        # llama.cpp's own stage when the error came: still loading the weights, or creating the context; once the
+        # context printed its compute buffer sizes every buffer of it was allocated, and what fails next is the
+        # graph's run (its scratch pools): the compute buffer
+        if ev.get("stage") == "context" and any("compute" in str(b.get("kind")) and not b.get("dry_run")
+                                                for b in self.f.buffers or []):
+            return "compute_buffer"
         return {"weights": "model_weights", "context": "context"}.get(ev.get("stage") or "", "unknown")
 
     def _oom_backend(self, ev: dict) -> str:

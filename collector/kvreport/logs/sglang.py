@@ -89,9 +89,18 @@ def _profiled(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
 
 
 def _prefill_oom(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
-    # scheduler (2024): the token pool could not take a prefill batch it had admitted
+    # schedule_batch alloc_token_slots (2024+): "Prefill out of memory" / "Decode out of memory. Try to lower your
+    # batch size." raised when the token pool could not take a batch it had admitted
     f.engine_hints["sglang"] += 3
     return _fail(f, line, lineno, "kv_capacity")
+
+
+def _retracted(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
+    # scheduler update_running_batch (2024+): "Decode out of memory happened. #retracted_reqs: N, ..." is a
+    # warning: the scheduler put requests back in the queue and carried on (not a failure)
+    f.engine_hints["sglang"] += 2
+    f.add_event("recovered", lineno, line, what="sglang retracted requests for want of KV tokens")
+    return True
 
 
 def _unbalanced(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
@@ -157,7 +166,10 @@ RULES: tuple[Rule, ...] = (
     Rule("KV pool stage", ("memory_pool", "mem_cache"), re.compile(r"memory_pool|mem_cache"), _pool_stage),
     Rule("profiled pool", ("profiled value",),
          re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (-?\d+)"), _profiled),
-    Rule("prefill out of memory", ("Prefill out of memory",), re.compile(r"Prefill out of memory"), _prefill_oom),
+    Rule("decode out of memory (retracted, carried on)", ("out of memory happened",),
+         re.compile(r"Decode out of memory happened"), _retracted),
+    Rule("prefill / decode out of memory", ("Prefill out of memory", "Decode out of memory"),
+         re.compile(r"(?:Prefill|Decode) out of memory(?! happened)"), _prefill_oom),
     Rule("TP memory unbalanced", ("memory capacity is unbalanced",),
          re.compile(r"The memory capacity is unbalanced\.(?:.*?(?:min_per_gpu_memory|pre_model_load_memory)=([\d.]+),"
                     r"\s*local_gpu_memory=([\d.]+))?"), _unbalanced),
