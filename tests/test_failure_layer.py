@@ -51,6 +51,9 @@ EXAMPLES = [
     ("vllm-sampler-warmup", "RuntimeError: CUDA out of memory occurred when warming up sampler with 256 dummy requests. "
                             "Please try lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the "
                             "engine.", "cuda", "compute_buffer"),
+    ("lmdeploy-session-len", "2024-08-27 01:34:56,929 - lmdeploy - ERROR - run out of tokens. session_id=0.", None,
+     "unknown"),
+    ("lmstudio-load-failed", '"title": "Failed to load model",', None, "unknown"),
     ("memory-check-refused", "ds4: GLM memory guard refused ctx=32768 compact_cap=32768 before GLM graph allocation",
      None, "memory_budget"),
     ("torch-oom-bare", "RuntimeError: CUDA driver error: out of memory", "cuda", "unknown"),

@@ -316,6 +316,14 @@ RULES: tuple[OomRule, ...] = (
     OomRule("vllm-metal-kv-budget", ("not enough Metal memory for KV cache",),
             re.compile(r"not enough Metal memory for KV cache"), "metal",
             "vllm-project/vllm-metal worker (_validate_paged_attention_plan)", phase="memory_budget", engine="vllm"),
+    # -- failures that are not about memory, in formats no engine parser reads (phase unknown, no memory fix)
+    OomRule("lmdeploy-session-len", ("run out of tokens",), re.compile(r"run out of tokens\. session_id="), None,
+            "lmdeploy serve/async_engine.py: the prompt plus max_new_tokens exceed --session-len (a refused request)",
+            engine="lmdeploy", memory=False),
+    OomRule("lmstudio-load-failed", ('"title": "Failed to load model"',),
+            re.compile(r'"title": "Failed to load model"'), None,
+            "LM Studio's load error JSON (title / cause / errorData / data.memory): the load failed, the cause is in "
+            "the fields that follow", memory=False),
     # -- the net: any other line in the words of a memory failure (format not fully understood)
     OomRule("memory-words", ("out of memory", "Out of memory", "OUT OF MEMORY", "OutOfMemory", "OUT_OF_MEMORY",
                              "out-of-memory", "Out Of Memory", "insufficient memory", "Insufficient memory",
@@ -450,7 +458,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         if rule.engine:  # a format only one engine prints names it
             f.engine_hints[rule.engine] += 2 if rule.engine != "llama.cpp" else 1
         f.add_event("oom", lineno, line, rule=rule.id, backend=backend, phase=rule.phase, engine=rule.engine,
-                    generic=rule.generic, memory=True, py_stage=f.py_stage or None, **data)
+                    generic=rule.generic, memory=rule.memory, py_stage=f.py_stage or None, **data)
         return
     if any(k in line for k in FATAL.keywords) and FATAL.pattern.search(line):
         f.add_event("oom", lineno, line, rule=FATAL.id, backend=_backend_of_words(line.lower()), phase=None,
