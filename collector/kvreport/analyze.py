@@ -329,6 +329,8 @@ class _Diagnosis:
         self.weak = False
         self.summary = None
         self.oom_event = None
+        self.others_mib = None  # MiB other processes held on the failing device (torch's process list)
+        self.torch_oom = False  # the failure is torch's OutOfMemoryError (a Python engine's, whatever the engine)
         self.trail: dict = {"rule": None, "events": []}
         if fatal:
             first = fatal[0]
@@ -372,6 +374,8 @@ class _Diagnosis:
             out["allocator_error"] = ev["line"] if ev.get("torch_oom") else None
             out["final_error"] = f.final_error or ev["line"]
             self.has_memory_event = True
+            self.others_mib = ev.get("others_mib")
+            self.torch_oom = bool(ev.get("torch_oom"))
         elif self._oom_failure(out, real) or self._fit_failure(out, real):
             pass
         elif engine_events or configs or finals:
@@ -463,6 +467,7 @@ class _Diagnosis:
                 + " (kvreport analyze --explain names the rule that read it)", ev["line"])
         self.has_memory_event = True
         self.oom_event = ev
+        self.others_mib = ev.get("others_mib")
         return True
 
     def _fit_failure(self, out: dict, real: list[dict]) -> bool:
@@ -1128,6 +1133,9 @@ class _Diagnosis:
                 cfg_d["n_ctx"] >= n_train and failure["phase"] == "kv_cache":
             self.finding("default_ctx", f"no -c was given, so llama.cpp used the model's full training context "
                          f"({n_train} tokens)")
+        if getattr(self, "others_mib", None):
+            self.finding("other_processes", f"other processes held {_fmt(self.others_mib)} MiB of the device when the "
+                         "allocation failed (the process list of torch's out-of-memory message)")
         gate = f.vllm.get("gate")
         if gate and gate.get("free_mib") is not None and gate.get("total_mib"):
             other = gate["total_mib"] - gate["free_mib"]
@@ -1259,7 +1267,8 @@ class _Diagnosis:
             kv_examples_fit=self._examples_fit() if self.summary and size is None else [],
             n_seq_known=cfg_d.get("n_seq_known", True),
             working_set=(self.oom_event or {}).get("rule") in ("metal-status-5", "metal-iogpu-oom", "metal-nil"),
-            device_total_mib=(f.devices.get(failure["failing_device"] or "") or {}).get("total_mib"))
+            device_total_mib=(f.devices.get(failure["failing_device"] or "") or {}).get("total_mib"),
+            others_mib=getattr(self, "others_mib", None), torch_oom=getattr(self, "torch_oom", False))
 
 
 def _r2(x) -> float | None:

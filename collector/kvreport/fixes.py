@@ -118,6 +118,10 @@ class Situation:
     """False when no log line or flag gave the parallel slots (n_seq is then the assumed 1)."""
     device_total_mib: float | None = None
     """The total memory of the failing device as the log gave it (a torch OOM's "total capacity", vLLM's gate)."""
+    others_mib: float | None = None
+    """MiB other processes held on the failing device when it failed (torch's process list)."""
+    torch_oom: bool = False
+    """The failure is torch's OutOfMemoryError as an engine parser read it (only Python engines raise it)."""
 
 
 def _mib(x: float | None) -> str:
@@ -1090,6 +1094,12 @@ def fixed_workspace(s: Situation) -> bool:
     return s.oom_rule == "flashinfer-workspace"
 
 
+def others_hold_the_gap(s: Situation) -> bool:
+    """Other processes held at least the memory the request lacked (requested - free): freeing them makes it fit."""
+    return bool(s.others_mib) and s.requested_mib is not None and s.free_mib is not None and \
+        s.others_mib >= s.requested_mib - s.free_mib
+
+
 def host_ran_out(s: Situation) -> bool:
     """The host itself ran out (the OOM killer, ENOMEM, std::bad_alloc): fewer GPU layers would put more on it."""
     return s.oom_rule in ("oom-killer", "enomem", "bad-alloc", "python-memoryerror")
@@ -1292,6 +1302,7 @@ RULES: tuple[Rule, ...] = (
     _r("free-device-memory", LLAMA, _UNK, always, 5, _free_memory),
     # vLLM, SGLang, TGI, LMDeploy (and unknown engines with their flags or a torch OOM)
     _r("free-device-memory", PYTHON, "memory_budget", always, 0, _free_memory),
+    _r("free-device-memory", PYTHON, (*_ACT, "model_weights", "kv_cache"), others_hold_the_gap, -0.5, _free_memory),
     _r("lower-gpu-memory-utilization", PYTHON, "memory_budget", vllm_gate_numbers, 1, _py_lower_util_gate),
     _r("raise-gpu-memory-utilization", PYTHON, ("kv_capacity", "kv_cache"), negative_pool, 0, _py_raise_util_negative),
     _r("smaller-model-or-quant", PYTHON, ("kv_capacity", "kv_cache"), negative_pool, 1, _smaller_model),
@@ -1331,7 +1342,7 @@ def family_of(s: Situation) -> str:
         return family
     flags = s.flags or {}
     py_like = any(k in flags for k in ("max_model_len", "gpu_memory_utilization", "max_num_seqs")) or \
-        (s.oom_rule or "").startswith("torch") or s.oom_rule in _PYTHON_RULES
+        (s.oom_rule or "").startswith("torch") or s.oom_rule in _PYTHON_RULES or s.torch_oom
     return PYTHON if py_like else LLAMA
 
 

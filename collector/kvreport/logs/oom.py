@@ -68,7 +68,27 @@ def _torch(m: re.Match) -> dict:
     total, tu = (d.get("total"), d.get("tu")) if d.get("total") is not None else (d.get("total2"), d.get("tu2"))
     if total is not None:
         out["total_mib"] = _mib(total, tu)
+    others = _torch_others(m.string)
+    if others:
+        out["others_mib"] = others
     return out
+
+
+_TORCH_PROC = re.compile(r"Process \d+ has ([\d.]+) ?([KMGT]i?B) memory in use")
+_TORCH_SELF = re.compile(r"this process has ([\d.]+) ?([KMGT]i?B) memory in use")
+
+
+def _torch_others(text: str) -> float | None:
+    """MiB held by other processes on the device, from torch >= 2.1's list ("Process 4683 has 11.05 GiB memory in
+    use. ... Including non-PyTorch memory, this process has 66.97 GiB memory in use"): every listed process less
+    this one; None when the message lists no process or only this one."""
+    procs = [_mib(v, u) for v, u in _TORCH_PROC.findall(text)]
+    me = _TORCH_SELF.search(text)
+    if not procs or me is None:
+        return None
+    mine = _mib(me.group(1), me.group(2))
+    others = sum(procs) - (mine if any(abs(p - mine) < 1.0 for p in procs) else 0.0)
+    return round(others, 2) if others >= 1.0 else None
 
 
 def torch_oom(line: str) -> dict | None:

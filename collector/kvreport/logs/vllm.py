@@ -190,7 +190,7 @@ def _failure(f: LogFacts, line: str, lineno: int) -> bool:
         else:
             phase = "unknown"
         f.add_event("engine", lineno, line, engine=None, phase=phase, backend="cuda", device=dev,
-                    requested_mib=req, free_mib=free, torch_oom=True)
+                    requested_mib=req, free_mib=free, torch_oom=True, others_mib=t.get("others_mib"))
         f.final_error = line
         f.add_error(line)
         return True
