@@ -1268,7 +1268,8 @@ class _Diagnosis:
             n_seq_known=cfg_d.get("n_seq_known", True),
             working_set=(self.oom_event or {}).get("rule") in ("metal-status-5", "metal-iogpu-oom", "metal-nil"),
             device_total_mib=(f.devices.get(failure["failing_device"] or "") or {}).get("total_mib"),
-            others_mib=getattr(self, "others_mib", None), torch_oom=getattr(self, "torch_oom", False))
+            others_mib=getattr(self, "others_mib", None), torch_oom=getattr(self, "torch_oom", False),
+            metal_plan=(self.oom_event or {}).get("metal_plan") or {})
 
 
 def _r2(x) -> float | None:

@@ -122,6 +122,8 @@ class Situation:
     """MiB other processes held on the failing device when it failed (torch's process list)."""
     torch_oom: bool = False
     """The failure is torch's OutOfMemoryError as an engine parser read it (only Python engines raise it)."""
+    metal_plan: dict = field(default_factory=dict)
+    """vllm-metal's budget breakdown (MiB; ``fraction`` as printed): metal_limit, model_memory, overhead, kv_budget."""
 
 
 def _mib(x: float | None) -> str:
@@ -948,6 +950,18 @@ def _py_workspace(b: _Builder, rank: float) -> None:
           f"workspace did not. {env} sets it (bytes); SGLang's --enable-deterministic-inference fixes it at 2 GiB.")
 
 
+def _py_metal_fraction(b: _Builder, rank: float) -> None:
+    s = b.s
+    new, p = _metal_fraction(s), s.metal_plan
+    b.add(rank, "raise-gpu-memory-utilization", f"Raise --gpu-memory-utilization to {new}",
+          {"--gpu-memory-utilization": new},
+          f"{_mib(p['metal_limit'] * new)} MiB of the {_mib(p['metal_limit'])} MiB Metal limit: "
+          f"{_mib(p['metal_limit'] * new - p['model_memory'] - p['overhead'])} MiB left for the KV cache",
+          f"vllm-metal gives the KV cache what is left of fraction x Metal limit after the weights "
+          f"({_mib(p['model_memory'])} MiB) and its overhead ({_mib(p['overhead'])} MiB); at {p['fraction']} nothing "
+          "was left (VLLM_METAL_MEMORY_FRACTION, when set, takes precedence over the flag).")
+
+
 def _py_act_lower_util(b: _Builder, rank: float) -> None:
     """Leave more memory outside the KV pool: when the torch OOM gives the request, the free memory and the device's
     total, the fraction drops by the missing share of the total (plus 0.01), at least 0.05; else 0.05 (LMDeploy:
@@ -1098,6 +1112,27 @@ def others_hold_the_gap(s: Situation) -> bool:
     """Other processes held at least the memory the request lacked (requested - free): freeing them makes it fit."""
     return bool(s.others_mib) and s.requested_mib is not None and s.free_mib is not None and \
         s.others_mib >= s.requested_mib - s.free_mib
+
+
+def _metal_fraction(s: Situation) -> float | None:
+    """The memory fraction that leaves vllm-metal 10 % of its Metal limit for the KV after the weights and its
+    overhead, in steps of 0.05; None when that is not above the fraction used or above 0.95."""
+    p = s.metal_plan or {}
+    if not all(isinstance(p.get(k), (int, float)) for k in ("metal_limit", "model_memory", "overhead", "fraction")) \
+            or p["metal_limit"] <= 0:
+        return None
+    new = math.ceil(((p["model_memory"] + p["overhead"]) / p["metal_limit"] + 0.10) * 20) / 20
+    return new if p["fraction"] < new <= 0.95 else None
+
+
+def metal_fraction_too_low(s: Situation) -> bool:
+    """vllm-metal refused for want of KV budget, and a larger memory fraction (at most 0.95) leaves room for it."""
+    return _metal_fraction(s) is not None
+
+
+def metal_fraction_maxed(s: Situation) -> bool:
+    """vllm-metal refused for want of KV budget and no fraction up to 0.95 leaves room: the weights are too big."""
+    return bool(s.metal_plan.get("metal_limit")) and _metal_fraction(s) is None
 
 
 def host_ran_out(s: Situation) -> bool:
@@ -1301,6 +1336,8 @@ RULES: tuple[Rule, ...] = (
     _r("work-around-alloc-limit", LLAMA, _UNK, small_ubatch_vulkan, 2, _alloc_limit),
     _r("free-device-memory", LLAMA, _UNK, always, 5, _free_memory),
     # vLLM, SGLang, TGI, LMDeploy (and unknown engines with their flags or a torch OOM)
+    _r("raise-gpu-memory-utilization", PYTHON, "memory_budget", metal_fraction_too_low, -0.5, _py_metal_fraction),
+    _r("smaller-model-or-quant", PYTHON, "memory_budget", metal_fraction_maxed, -0.5, _smaller_model),
     _r("free-device-memory", PYTHON, "memory_budget", always, 0, _free_memory),
     _r("free-device-memory", PYTHON, (*_ACT, "model_weights", "kv_cache"), others_hold_the_gap, -0.5, _free_memory),
     _r("lower-gpu-memory-utilization", PYTHON, "memory_budget", vllm_gate_numbers, 1, _py_lower_util_gate),

@@ -105,6 +105,18 @@ def torch_oom(line: str) -> dict | None:
     return out
 
 
+_METAL_PLAN = re.compile(r"\b(metal_limit|fraction|usable_metal|model_memory|overhead|kv_budget)=(-?[\d.]+)(GB)?")
+
+
+def _metal_plan(text: str) -> dict:
+    """vllm-metal's budget breakdown ("metal_limit=26.80GB, fraction=0.98, ..., kv_budget=-12.05GB"; GB = 1e9 bytes,
+    as its f"{x / 1e9:.2f}GB") -> {"metal_plan": {name: MiB, "fraction": float}}; {} when the line holds none."""
+    plan = {}
+    for name, value, unit in _METAL_PLAN.findall(text):
+        plan[name] = float(value) if not unit else float(value) * 1e9 / 1048576.0
+    return {"metal_plan": plan} if plan else {}
+
+
 def _need_have(m: re.Match) -> dict:
     """A summary that states both sides: the request and what there was (a KV cache when the line says so)."""
     out = {"mib": _mib(m.group("need"), m.group("nu")), "free_mib": _mib(m.group("have"), m.group("hu")),
@@ -335,7 +347,8 @@ RULES: tuple[OomRule, ...] = (
     #    Metal memory for KV cache. metal_limit=..GB, fraction=.., ..., kv_budget=-12.05GB": its own budget check
     OomRule("vllm-metal-kv-budget", ("not enough Metal memory for KV cache",),
             re.compile(r"not enough Metal memory for KV cache"), "metal",
-            "vllm-project/vllm-metal worker (_validate_paged_attention_plan)", phase="memory_budget", engine="vllm"),
+            "vllm-project/vllm-metal worker (_validate_paged_attention_plan)", phase="memory_budget", engine="vllm",
+            read=lambda m: _metal_plan(m.string)),
     # -- failures that are not about memory, in formats no engine parser reads (phase unknown, no memory fix)
     OomRule("lmdeploy-session-len", ("run out of tokens",), re.compile(r"run out of tokens\. session_id="), None,
             "lmdeploy serve/async_engine.py: the prompt plus max_new_tokens exceed --session-len (a refused request)",
@@ -409,7 +422,8 @@ FATAL = OomRule(
 
 KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in (*RULES, FATAL) for k in r.keywords}
                                          | {w for w, _ in ENGINE_WORDS} | {w for ws, _ in STAGES for w in ws}
-                                         | {"current device:", "hipMalloc("}))
+                                         | {"current device:", "hipMalloc(", "metal_limit=", "kv_budget=",
+                                            "model_memory="}))
 """Every literal that selects a line for this layer (derived from :data:`RULES`, never kept by hand)."""
 
 _CURRENT_DEVICE = re.compile(r"current device: (\d+)(?:, in function (\w+))?")
@@ -451,6 +465,8 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
     if "current device:" in line:
         _attach_device(f, line, lineno)
         return
+    if ("metal_limit=" in line or "kv_budget=" in line or "model_memory=" in line) and _attach_metal_plan(f, line, lineno):
+        return
     if "hipMalloc(" in line or "hipMallocManaged(" in line:
         _attach_call(f, line, lineno)
         return
@@ -483,6 +499,15 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
     if any(k in line for k in FATAL.keywords) and FATAL.pattern.search(line):
         f.add_event("oom", lineno, line, rule=FATAL.id, backend=_backend_of_words(line.lower()), phase=None,
                     engine=None, generic=True, memory=False)
+
+
+def _attach_metal_plan(f: LogFacts, line: str, lineno: int) -> bool:
+    """The continuation lines of vllm-metal's budget error (printed wrapped) -> the fields of its ``oom`` event."""
+    for ev in reversed(f.events[-3:]):
+        if ev["kind"] == "oom" and ev.get("rule") == "vllm-metal-kv-budget" and lineno - ev["lineno"] <= 6:
+            ev.setdefault("metal_plan", {}).update(_metal_plan(line).get("metal_plan", {}))
+            return True
+    return False
 
 
 def _attach_call(f: LogFacts, line: str, lineno: int) -> None:
