@@ -54,6 +54,7 @@ EXAMPLES = [
     ("lmdeploy-session-len", "2024-08-27 01:34:56,929 - lmdeploy - ERROR - run out of tokens. session_id=0.", None,
      "unknown"),
     ("lmstudio-load-failed", '"title": "Failed to load model",', None, "unknown"),
+    ("radv-alloc", "radv/amdgpu: Failed to allocate a buffer:", "vulkan", "unknown"),
     ("memory-check-refused", "ds4: GLM memory guard refused ctx=32768 compact_cap=32768 before GLM graph allocation",
      None, "memory_budget"),
     ("torch-oom-bare", "RuntimeError: CUDA driver error: out of memory", "cuda", "unknown"),

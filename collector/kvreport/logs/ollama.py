@@ -120,7 +120,10 @@ def _system_memory(f: LogFacts, line: str, lineno: int) -> bool:
     # llm/server.go: Ollama's own check before it starts a runner: the model does not fit the free RAM (+ free VRAM)
     m = _SYSMEM.search(line)
     if not m:
-        return False
+        # the check's words quoted without its numbers ("model requires more system memory" while ...): the same
+        # refusal, sizes unknown
+        return _fail(f, line, lineno, "memory_budget", 2, backend="cpu", device="CPU") \
+            if "model requires more system memory" in line else False
     return _fail(f, line, lineno, "memory_budget", 3, backend="cpu", device="CPU",
                  requested_mib=size_to_mib(float(m.group(1)), m.group(2)),
                  free_mib=size_to_mib(float(m.group(3)), m.group(4)))

@@ -245,6 +245,10 @@ RULES: tuple[OomRule, ...] = (
                            "VK_ERROR_OUT_OF_DEVICE_MEMORY", "VK_ERROR_OUT_OF_HOST_MEMORY"),
             re.compile(r"ErrorOutOf(?:Device|Host)Memory|OutOf(?:Device|Host)MemoryError|VK_ERROR_OUT_OF_(?:DEVICE|HOST)_MEMORY"),
             "vulkan", "vulkan-hpp vk::OutOfDeviceMemoryError; ggml-vulkan.cpp"),
+    # -- Mesa's RADV Vulkan driver (src/amd/vulkan/winsys/amdgpu/radv_amdgpu_bo.c): "radv/amdgpu: Failed to
+    #    allocate a buffer:" then its size / alignment / domains lines, before the application's own error
+    OomRule("radv-alloc", ("radv/amdgpu: Failed to allocate",), re.compile(r"radv/amdgpu: Failed to allocate a buffer"),
+            "vulkan", "Mesa RADV winsys radv_amdgpu_winsys_bo_create"),
     # -- SYCL / Level Zero / Unified Runtime (ggml-sycl.cpp catches sycl::exception: "Native API returns: -5
     #    (PI_ERROR_OUT_OF_RESOURCES)", "UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY")
     OomRule("sycl-oom", ("PI_ERROR_OUT_OF_", "UR_RESULT_ERROR_OUT_OF_", "ZE_RESULT_ERROR_OUT_OF_",
