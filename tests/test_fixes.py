@@ -308,3 +308,79 @@ def test_a_gguf_that_disagrees_with_the_log_does_not_override_it():
     same = analyze({"log": {"lines": lines}, "model": {"gguf": _gguf(8)}})
     assert same["memory"]["inputs"]["source"] == "gguf"
     assert not any(x["kind"] == "gguf_log_mismatch" for x in same["findings"])
+
+
+def _kv_linear(per_token_mib: float):
+    """A KV model for Situation: per_token x n_ctx (x n_seq only through n_ctx, as llama.cpp sizes it)."""
+    def kv_at(n_ctx=None, n_seq=None, cache_type=None, **kw):
+        return per_token_mib * float(n_ctx or 32768) * (0.53 if cache_type == "q8_0" else 1.0)
+    return kv_at
+
+
+def test_ollama_context_is_per_request_and_one_slot_comes_first():
+    """Ollama's runner context is num_ctx x OLLAMA_NUM_PARALLEL: the context to paste is per request, and one slot
+    keeps the user's context at a quarter of the KV."""
+    s = Situation(engine="ollama", phase="kv_cache", backend="cuda", n_ctx=32768, n_seq=4, n_seq_known=True,
+                  kv_mib=6144.0, cache_type_k="f16", cache_type_v="f16", kv_at=_kv_linear(6144.0 / 32768),
+                  max_ctx_fit={"f16": 14336, "q8_0": 27648, "q4_0": 52224}, kv_budget_mib=2756.0)
+    out = suggest(s)
+    assert out[0]["id"] == "reduce-parallel" and out[0]["change"] == {"OLLAMA_NUM_PARALLEL": 1}
+    ctx = next(x for x in out if x["id"] == "reduce-ctx")
+    assert ctx["change"] == {"OLLAMA_CONTEXT_LENGTH": 14336 // 4}
+    q = next(x for x in out if x["id"] == "quantize-kv-cache")
+    assert q["change"]["OLLAMA_CONTEXT_LENGTH"] == 27648 // 4
+
+
+def test_reduce_parallel_that_saves_nothing_is_not_offered():
+    """A unified cache of -c 131072 shared by 4 slots is sized by -c alone: one slot would be a no-op."""
+    s = Situation(engine="llama.cpp", phase="kv_cache", backend="cuda", n_ctx=131072, n_ctx_requested=131072,
+                  n_seq=4, kv_unified=False, kv_mib=16384.0, cache_type_k="f16", cache_type_v="f16",
+                  kv_at=_kv_linear(0.125))
+    assert "reduce-parallel" not in [x["id"] for x in suggest(s)]
+
+
+def test_flash_attention_in_the_form_the_build_reads():
+    """llama.cpp's -fa took no value before about b6300; a bare -fa already given means it is on."""
+    old = Situation(engine="llama.cpp", phase="kv_cache", backend="cuda", n_ctx=131072, kv_mib=16384.0,
+                    cache_type_k="f16", cache_type_v="f16", kv_at=_kv_linear(0.125), engine_build=4589,
+                    command=parse_command("llama-server -m m.gguf -c 131072 -ngl 99"))
+    q = next(x for x in suggest(old) if x["id"] == "quantize-kv-cache")
+    assert q["change"]["--flash-attn"] is True and q["command"].split()[-1] == "--flash-attn"
+    on = Situation(**{**old.__dict__, "flash_attn": True,
+                      "command": parse_command("llama-server -m m.gguf -c 131072 -ngl 99 -fa")})
+    q = next(x for x in suggest(on) if x["id"] == "quantize-kv-cache")
+    assert "--flash-attn" not in q["change"] and " -fa " in q["command"] + " " and "-fa on" not in q["command"]
+    new = Situation(**{**old.__dict__, "engine_build": 7000})
+    assert next(x for x in suggest(new) if x["id"] == "quantize-kv-cache")["change"]["--flash-attn"] == "on"
+
+
+VLLM_V1_POOL = """INFO 04-15 10:12:03 [__init__.py:239] Automatically detected platform cuda.
+INFO 04-15 10:12:14 [config.py:1901] Chunked prefill is enabled with max_num_batched_tokens=2048.
+INFO 04-15 10:12:30 [gpu_model_runner.py:1291] Model loading took 14.9889 GiB and 8.123 seconds
+ERROR 04-15 10:12:50 [core.py:390] ValueError: To serve at least one request with the models's max seq len (131072), \
+(16.00 GiB KV cache is needed, which is larger than the available KV cache memory (4.41 GiB). Based on the available \
+memory,  the estimated maximum model length is 36112. Try increasing `gpu_memory_utilization` or decreasing \
+`max_model_len` when initializing the engine.
+CRITICAL 04-15 10:12:50 [core_client.py:361] Got fatal signal from worker processes, shutting down. See stack trace above for root cause issue.
+Killed
+"""
+"""vLLM V1 start-up lines in their real formats (platform detection, scheduler config, the KV capacity check), ending
+with the shell's "Killed" as the engine's processes are torn down."""
+
+
+def test_vllm_pool_on_cuda_and_no_utilization_raise_that_cannot_close_the_gap():
+    d = analyze_text(VLLM_V1_POOL)
+    f = d["failure"]
+    assert (d["engine"], f["phase"], f["backend"]) == ("vllm", "kv_capacity", "cuda")
+    assert f["allocator_error"] != "Killed"
+    ids = [x["id"] for x in d["suggestions"]]
+    assert ids[0] == "reduce-max-model-len" and d["suggestions"][0]["change"] == {"--max-model-len": 36112}
+    # 11.6 GiB missing; 0.05 more of a GPU whose budget held 15 GiB of weights and a 4.4 GiB pool cannot give it
+    assert "raise-gpu-memory-utilization" not in ids
+
+
+def test_python_reduce_batch_starts_from_the_logged_batch():
+    log = VLLM_V1_POOL.split("ERROR")[0] + ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+                                           "GPU 0 has a total capacity of 23.57 GiB of which 1.10 GiB is free.\n")
+    batch = next(x for x in analyze_text(log)["suggestions"] if x["id"] == "reduce-batch")
+    assert batch["change"] == {"--max-num-batched-tokens": 1024}

@@ -552,7 +552,11 @@ class _Diagnosis:
         """Backend and device of a failure placed by an engine rule, from the memory-error lines around it
         (``CUDA error: out of memory`` / ``current device: 1`` under Ollama's ``llama runner process has
         terminated``)."""
-        evs = [e for e in real if e["kind"] == "oom" and not e.get("generic")]
+        # the host's own out-of-memory words (the OOM killer's "Killed", ENOMEM, bad_alloc) after a device failure an
+        # engine rule placed are how the process ended, not the failing device
+        host = ("oom-killer", "enomem", "bad-alloc", "python-memoryerror")
+        evs = [e for e in real if e["kind"] == "oom" and not e.get("generic") and e.get("memory", True)
+               and not (e.get("rule") in host and out["phase"] in ("kv_capacity", "memory_budget"))]
         if not evs:
             return
         ev = evs[-1]
@@ -621,6 +625,9 @@ class _Diagnosis:
         lib = str(f.ollama.get("gpu_library") or "").lower()
         if lib in ("cuda", "rocm", "vulkan", "metal"):
             return lib
+        platform = str(f.vllm.get("platform") or "")
+        if platform in ("cuda", "rocm", "cpu", "tpu", "xpu"):  # vLLM's "Automatically detected platform cuda."
+            return {"xpu": "sycl", "tpu": "unknown"}.get(platform, platform)
         if names and all(backend_of_device(n) == "cpu" for n in names):
             return "cpu"
         return "unknown"
@@ -1130,7 +1137,7 @@ class _Diagnosis:
                              "for", w)
         n_train = to_int(f.hparams.get("n_ctx_train"))
         if n_train and cfg_d.get("n_ctx") and "n_ctx" not in self.flags and self.flags and \
-                cfg_d["n_ctx"] >= n_train and failure["phase"] == "kv_cache":
+                cfg_d["n_ctx"] >= n_train and failure["phase"] == "kv_cache" and self.engine() != "ollama":
             self.finding("default_ctx", f"no -c was given, so llama.cpp used the model's full training context "
                          f"({n_train} tokens)")
         if getattr(self, "others_mib", None):
@@ -1269,7 +1276,7 @@ class _Diagnosis:
             working_set=(self.oom_event or {}).get("rule") in ("metal-status-5", "metal-iogpu-oom", "metal-nil"),
             device_total_mib=(f.devices.get(failure["failing_device"] or "") or {}).get("total_mib"),
             others_mib=getattr(self, "others_mib", None), torch_oom=getattr(self, "torch_oom", False),
-            metal_plan=(self.oom_event or {}).get("metal_plan") or {})
+            metal_plan=(self.oom_event or {}).get("metal_plan") or {}, engine_build=to_int(f.build))
 
 
 def _r2(x) -> float | None:

@@ -1502,9 +1502,7 @@ def _render_opt(opt: _Opt, spelled: str, value: Any, used_eq: bool, bare_alias: 
             return [spelled]
         long_negs = [a for a in negs if a.startswith("--")]
         return [long_negs[0] if long_negs else negs[0]]
-    if value is True and opt.arity == "?":
-        value = "on"
-    if value is True:
+    if value is True:  # a bare flag (an optional-value option's older form: llama.cpp's -fa before b6300)
         return [spelled]
     text = _fmt(value)
     if used_eq:

@@ -122,6 +122,8 @@ class Situation:
     """MiB other processes held on the failing device when it failed (torch's process list)."""
     torch_oom: bool = False
     """The failure is torch's OutOfMemoryError as an engine parser read it (only Python engines raise it)."""
+    engine_build: int | None = None
+    """llama.cpp's build number as the log printed it ("build: 4589 (...)")."""
     metal_plan: dict = field(default_factory=dict)
     """vllm-metal's budget breakdown (MiB; ``fraction`` as printed): metal_limit, model_memory, overhead, kv_budget."""
 
@@ -203,8 +205,34 @@ def _is_ollama(s: Situation) -> bool:
     return s.engine == "ollama"
 
 
+FA_VALUE_BUILD = 6300
+"""llama.cpp's -fa/--flash-attn took no value until about build 6300 (Aug 2025, ggml-org/llama.cpp#15434-era);
+since then it reads on|off|auto (builds near b6343 already pass a string, WasmEdge#4343)."""
+
+
+def _fa_on(s: Situation) -> dict:
+    """Flash attention on, in the form the user's build reads: nothing when it is already on (a bare -fa on the
+    command line is the older builds' "on"), a bare flag for a build before :data:`FA_VALUE_BUILD`, else "on"."""
+    if s.flash_attn is True:
+        return {}
+    return {"--flash-attn": True} if s.engine_build and s.engine_build < FA_VALUE_BUILD else {"--flash-attn": "on"}
+
+
+def _ollama_slots(s: Situation) -> int:
+    """Ollama's parallel slots (OLLAMA_NUM_PARALLEL) when the log or command gave them: its runner's context is
+    num_ctx x slots (Ollama 0.2+), so a per-request context is the runner's divided by them."""
+    return int(s.n_seq) if _is_ollama(s) and s.n_seq and s.n_seq > 1 and s.n_seq_known else 1
+
+
 def _ctx_change(s: Situation, n: int) -> dict:
-    return {"OLLAMA_CONTEXT_LENGTH": n} if _is_ollama(s) else {"--ctx-size": n}
+    """The change that gives the engine a context of ``n`` tokens in all (Ollama: per request, n / slots)."""
+    return {"OLLAMA_CONTEXT_LENGTH": n // _ollama_slots(s)} if _is_ollama(s) else {"--ctx-size": n}
+
+
+def _ctx_title(s: Situation, n: int) -> str:
+    slots = _ollama_slots(s)
+    return (f"{n // slots} tokens per request ({n} in all with {slots} parallel slots)" if slots > 1
+            else f"{n} tokens")
 
 
 # ------------------------------------------------------------------ llama.cpp family rules
@@ -304,7 +332,7 @@ def _reduce_ctx(b: _Builder, rank: float) -> None:
                 if kv_new is not None else f"context {_tok(target)} instead of {_tok(cur)}")
     if fit and target == train and fit > target:
         expected += f"; up to {_tok(fit)} tokens would fit"
-    b.add(rank, "reduce-ctx", f"Lower the context to {target} tokens", _ctx_change(s, target), expected,
+    b.add(rank, "reduce-ctx", f"Lower the context to {_ctx_title(s, target)}", _ctx_change(s, target), expected,
           f"The KV cache grows linearly with the context; {_tok(target)} is {why_num}. The number after -c is tokens, "
           "not bytes, and the model's advertised maximum is not a promise that it fits (playbook step 1)."
           + (" For one model: PARAMETER num_ctx in the Modelfile or the num_ctx request option." if _is_ollama(s) else ""))
@@ -360,9 +388,11 @@ def _reduce_parallel(b: _Builder, rank: float) -> None:
               f"{rounded}: the -c given was between {lo} and {rounded} tokens. With one slot the KV is sized for -c "
               "itself (playbook step 2).")
         return
-    kv_new = _kv(s, n_seq=1, n_ctx=req or s.n_ctx)
-    if not req and kv_new is not None and s.kv_mib and kv_new >= s.kv_mib * 0.99:
-        return  # the requested -c is unknown and one slot at the same n_ctx saves nothing
+    # Ollama: one slot keeps the per-request context (its runner's n_ctx is num_ctx x slots)
+    one = s.n_ctx // _ollama_slots(s) if _ollama_slots(s) > 1 and s.n_ctx else (req or s.n_ctx)
+    kv_new = _kv(s, n_seq=1, n_ctx=one)
+    if kv_new is not None and s.kv_mib and kv_new >= s.kv_mib * 0.99:
+        return  # one slot at this context saves nothing (the KV is sized by the context, not by the slots)
     kv_unified = _kv(s, kv_unified=True, n_ctx=req or s.n_ctx)
     alt = ""
     if not _is_ollama(s) and s.kv_unified is False and kv_unified is not None:
@@ -417,7 +447,7 @@ def _quantize(b: _Builder, rank: float) -> None:
     if _is_ollama(s):
         change = {"OLLAMA_KV_CACHE_TYPE": "q8_0", "OLLAMA_FLASH_ATTENTION": 1}
     else:
-        change = {"--cache-type-k": "q8_0", "--cache-type-v": "q8_0", "--flash-attn": "on"}
+        change = {"--cache-type-k": "q8_0", "--cache-type-v": "q8_0", **_fa_on(s)}
     fit = (s.max_ctx_fit or {}).get("q8_0")
     extra = f"; up to {_tok(fit)} tokens would fit at q8_0" if fit else ""
     budget = s.kv_budget_mib if s.kv_budget_mib is not None else s.free_at_failure_mib
@@ -432,7 +462,7 @@ def _quantize(b: _Builder, rank: float) -> None:
                     f"MiB at n_ctx {_tok(cur)}" if kv_new is not None else f"context {_tok(target)} at q8_0")
         if f16:
             expected += f" ({_tok(f16)} tokens fit at f16)"
-        b.add(rank, "quantize-kv-cache", f"Store the KV cache as q8_0 and use {_tok(target)} tokens of context", change,
+        b.add(rank, "quantize-kv-cache", f"Store the KV cache as q8_0 and use a context of {_ctx_title(s, target)}", change,
               expected,
               why + f" At the current context the q8_0 KV ({_mib(kv_cur)} MiB) would still not fit, so the change also "
               f"sets {_tok(target)} tokens, the most that fits at q8_0 (a context above n_ctx_train is not offered): "
@@ -542,7 +572,7 @@ def _reduce_batch(b: _Builder, rank: float) -> None:
 def _flash(b: _Builder, rank: float) -> None:
     s = b.s
     if s.flash_attn is False:
-        change = {"OLLAMA_FLASH_ATTENTION": 1} if _is_ollama(s) else {"--flash-attn": "on"}
+        change = {"OLLAMA_FLASH_ATTENTION": 1} if _is_ollama(s) else _fa_on(s)
         b.add(rank, "enable-flash-attn", "Turn flash attention on", change,
               "the attention score tensor (n_head x n_kv x n_ubatch x 4 bytes) is no longer materialised",
               "Without flash attention the compute buffer grows with the context; with it the growth is small.")
@@ -782,6 +812,12 @@ def _py_raise_util_change(s: Situation) -> dict | None:
         new = math.ceil((cur + (v["kv_needed_mib"] - v["available_kv_mib"]) / total + 0.01) * 100) / 100
         if new > 0.95:
             return None
+    elif v.get("kv_needed_mib") and v.get("available_kv_mib") and v.get("weights_mib") and not total:
+        # the device's size is not in the log, but the budget held the weights and the pool: utilization x total is
+        # at least their sum, and activations are never as large again, so total < 2 x (weights + pool) / utilization
+        total_max = 2 * (v["weights_mib"] + v["available_kv_mib"]) / cur
+        if v["kv_needed_mib"] - v["available_kv_mib"] > (0.95 - cur) * total_max:
+            return None  # no utilization up to 0.95 closes the gap
     if new <= cur:
         return None
     return {_py_knobs(s)["util_flag"]: new}
@@ -927,7 +963,7 @@ def _py_act_max_len(b: _Builder, rank: float) -> None:
 def _py_act_batch(b: _Builder, rank: float) -> None:
     """The tokens of one step down to 2048; below a current value of 2048 or less, half of it (never under 256)."""
     batch_flag = _py_knobs(b.s)["batch_flag"]
-    cur = b.s.flags.get(batch_flag.lstrip("-").replace("-", "_"))
+    cur = b.s.flags.get(batch_flag.lstrip("-").replace("-", "_")) or (b.s.vllm or {}).get("max_num_batched_tokens")
     new = 2048 if not isinstance(cur, (int, float)) or cur > 2048 else int(cur) // 2
     if new < 256:
         return
@@ -1027,6 +1063,12 @@ def parallel_inflates_ctx(s: Situation) -> bool:
 def parallel_splits_ctx(s: Situation) -> bool:
     """Several slots with a non-unified cache, without inflating -c (each slot gets its share)."""
     return not parallel_inflates_ctx(s) and s.kv_unified is False and (s.n_seq or 1) > 1
+
+
+def ollama_slots_multiply_ctx(s: Situation) -> bool:
+    """Ollama ran several slots: its runner's context (and KV) is num_ctx x slots, so one slot keeps each request's
+    context at a fraction of the KV."""
+    return _ollama_slots(s) > 1
 
 
 def ollama_layout_names_layers(s: Situation) -> bool:
@@ -1287,6 +1329,7 @@ RULES: tuple[Rule, ...] = (
     _r("raise-memory-limit", LLAMA, _PLACED, host_cap, -1, _raise_memory_limit),
     _r("disable-swa-full", LLAMA, _KVC, swa_full, 0, _drop_swa_full),
     _r("reduce-parallel", LLAMA, _KVC, parallel_inflates_ctx, 0.5, _reduce_parallel),
+    _r("reduce-parallel", LLAMA, _KVC, ollama_slots_multiply_ctx, 0.5, _reduce_parallel),
     _r("reduce-gpu-layers", LLAMA, "context", ollama_layout_names_layers, 0.7, _reduce_layers),
     _r("reduce-gpu-layers", LLAMA, "context", small_ctx_on_gpu, 0.5, _reduce_layers),
     _r("reduce-ctx", LLAMA, _KVC, always, 1, _reduce_ctx),

@@ -15,11 +15,14 @@ KEYWORDS = ("vLLM", "vllm", "KV cache", "max seq len", "gpu_memory_utilization",
             "Required:", "Auto-fit", "Application startup complete", "Starting vLLM", "reserved for KV Cache",
             # halves of messages pasted re-wrapped (kvreport.logs.WRAP_PHRASES)
             "memory utilization", "KV cache memory", "is needed", "Tried to allocate",
-            ".py:")  # the logger's "[file.py:N]" prefix
+            ".py:",  # the logger's "[file.py:N]" prefix
+            "max_num_batched_tokens=", "detected platform")
 
 # vllm/logger.py: "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s" with "%m-%d %H:%M:%S" (2024+;
 # 2023: "%(filename)s:%(lineno)d]" without the bracket): "ERROR 03-13 09:00:43 [core.py:330] ..."
 _LOGGER = re.compile(r"\b(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w./-]+\.py:\d+\]")
+_PLATFORM = re.compile(r"Automatically detected platform (\w+)\.")
+_CHUNKED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
 _AVAIL = re.compile(r"Available KV cache memory:\s*(-?[\d.]+)\s*GiB|"
                     # V0 worker.py (0.6-0.8): "...; the rest of the memory reserved for KV Cache is -1.05GiB."
                     r"the rest of the memory reserved for KV Cache is\s*(-?[\d.]+)\s*GiB")
@@ -66,6 +69,14 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         _feed_vllm_rs(f, line, lineno)
         return
     if "vllm" in line.lower() or "EngineCore" in line or ".py:" in line and _LOGGER.search(line):
+        f.engine_hints["vllm"] += 2
+    m = _PLATFORM.search(line) if "detected platform" in line else None
+    if m:  # vllm/platforms/__init__.py (0.7+): "Automatically detected platform cuda."
+        v["platform"] = m.group(1)
+        f.engine_hints["vllm"] += 2
+    m = _CHUNKED.search(line) if "max_num_batched_tokens=" in line else None
+    if m:  # scheduler config (0.6+): "Chunked prefill is enabled with max_num_batched_tokens=2048."
+        v["max_num_batched_tokens"] = int(m.group(1))
         f.engine_hints["vllm"] += 2
     m = _VERSION.search(line)
     if m:
