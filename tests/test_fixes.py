@@ -384,3 +384,28 @@ def test_python_reduce_batch_starts_from_the_logged_batch():
                                            "GPU 0 has a total capacity of 23.57 GiB of which 1.10 GiB is free.\n")
     batch = next(x for x in analyze_text(log)["suggestions"] if x["id"] == "reduce-batch")
     assert batch["change"] == {"--max-num-batched-tokens": 1024}
+
+
+METAL_KV = """llama_model_load_from_file_impl: using device Metal (Apple M2 Pro) - 21845 MiB free
+print_info: n_ctx_train      = 131072
+print_info: n_embd           = 4096
+print_info: n_layer          = 32
+print_info: n_head           = 32
+print_info: n_head_kv        = 8
+print_info: n_embd_head_k    = 128
+print_info: n_embd_head_v    = 128
+load_tensors: Metal_Mapped model buffer size =  7605.34 MiB
+load_tensors:   CPU_Mapped model buffer size =   532.31 MiB
+llama_context: n_ctx         = 131072
+llama_kv_cache_unified: kv_size = 131072, type_k = 'f16', type_v = 'f16', n_layer = 32, can_shift = 1, padding = 32
+ggml_backend_metal_buffer_type_alloc_buffer: error: failed to allocate buffer, size = 16384.00 MiB
+llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache
+"""
+"""llama.cpp on Metal (2025 line formats): ggml-metal's refusal names no device; the log shows one Metal device."""
+
+
+def test_metal_failure_is_placed_on_the_only_metal_device_with_its_mapped_weights():
+    f = analyze_text(METAL_KV)["failure"]
+    assert (f["failing_device"], f["free_mib"], f["verdict"]) == ("Metal", 21845.0, "exceeds_free")
+    fit = analyze_text(METAL_KV)["memory"]["max_ctx_fit"]["f16"]
+    assert fit < (21845 - 7605) / 128 * 1024  # the mapped weights are taken off the free memory first

@@ -713,11 +713,23 @@ class _Diagnosis:
             if buf.get("dry_run"):
                 continue
             name = buf.get("device") or ""
-            if name == device or (host and name == "CPU"):
+            # a GPU's "_Mapped" buffers (Metal's mmap-ed weights) sit in that GPU's memory (its working set)
+            if name == device or (host and name == "CPU") or (not host and name == device + "_Mapped"):
                 used += buf.get("mib") or 0.0
         return used
 
+    def _only_device(self, out: dict) -> None:
+        """A failing line that names no device (ggml-metal's "failed to allocate buffer, size = N MiB") on a backend of
+        which the log shows exactly one device: that device."""
+        if out["failing_device"] or out["phase"] == "none" or out["backend"] in ("unknown", "cpu"):
+            return
+        devs = [n for n in self.f.devices if backend_of_device(n) == out["backend"]]
+        if len(devs) == 1:
+            out["failing_device"] = devs[0]
+            self.trail.setdefault("device_rule", "the only device of that backend in the log")
+
     def _free_and_verdict(self, out: dict) -> None:
+        self._only_device(out)
         device, backend = out["failing_device"], out["backend"]
         free = out["free_mib"]
         if free is not None:
