@@ -409,3 +409,13 @@ def test_metal_failure_is_placed_on_the_only_metal_device_with_its_mapped_weight
     assert (f["failing_device"], f["free_mib"], f["verdict"]) == ("Metal", 21845.0, "exceeds_free")
     fit = analyze_text(METAL_KV)["memory"]["max_ctx_fit"]["f16"]
     assert fit < (21845 - 7605) / 128 * 1024  # the mapped weights are taken off the free memory first
+
+
+def test_fewer_gpu_layers_counts_from_the_layers_really_offloaded():
+    """-ngl 99 is the "all layers" idiom: three quarters of 99 would change nothing for a 33-layer model."""
+    base = dict(engine="llama.cpp", phase="compute_buffer", backend="cuda", failing_device="CUDA0",
+                command=parse_command("llama-server -m m.gguf -ngl 99"), flags={"n_gpu_layers": 99})
+    by_log = next(x for x in suggest(Situation(**base, offloaded_layers=33)) if x["id"] == "reduce-gpu-layers")
+    assert by_log["change"] == {"--n-gpu-layers": 24}
+    unknown = next(x for x in suggest(Situation(**base)) if x["id"] == "reduce-gpu-layers")
+    assert unknown["change"] == {}

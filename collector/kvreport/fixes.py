@@ -491,6 +491,12 @@ def _reduce_layers(b: _Builder, rank: float, requested: float | None = None) -> 
     cur = s.flags.get("n_gpu_layers")
     if not isinstance(cur, int) and s.n_gpu_layers_log:
         cur = s.n_gpu_layers_log
+    if isinstance(cur, int) and s.offloaded_layers:
+        cur = min(cur, s.offloaded_layers)  # "-ngl 99" means all: the log's "offloaded N/M layers" is the count
+    elif isinstance(cur, int) and s.n_layer:
+        cur = min(cur, s.n_layer + 1)  # the layers plus the output layer
+    elif isinstance(cur, int) and cur >= 99:
+        cur = None  # the "all layers" idiom with the model's layer count unknown: 3/4 of 99 may change nothing
     n = None
     if isinstance(cur, int) and 0 < cur < 900:
         n = max(0, int(cur * 0.75))
