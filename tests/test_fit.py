@@ -183,3 +183,15 @@ def test_fit_from_a_log_takes_the_cache_types_printed_on_the_kv_size_line():
     rep = json.loads(r.stdout)
     assert rep["inputs"]["cache_type_k"] == "q8_0" and rep["inputs"]["cache_type_v"] == "f16"
     assert rep["kv_required_mib"] == 49.0  # llama_kv_cache: size = 49.00 MiB ... K (q8_0) ... V (f16)
+
+
+def test_fit_from_an_hf_config_speaks_vllm_cache_types(tmp_path):
+    """A Hugging Face config is sized for vLLM / SGLang: 16-bit and fp8 (one byte per value), not llama.cpp's q8_0."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32,
+                               "num_key_value_heads": 8, "hidden_size": 4096, "max_position_embeddings": 131072}))
+    r = CliRunner().invoke(main, ["fit", "--config", str(cfg), "-c", "131072", "--free-mib", "20000", "--json"])
+    rep = json.loads(r.output)
+    assert set(rep["max_ctx_fit"]) == {"f16", "fp8"}
+    assert rep["kv_bytes_per_token_by_type"]["fp8"] * 2 == rep["kv_bytes_per_token_by_type"]["f16"]
+    assert not any("-fa" in n for n in rep["notes"])

@@ -30,6 +30,8 @@ from kvreport.units import GIB, MIB
 
 #: Cache types always shown (the ones llama.cpp users switch between).
 SHOWN_TYPES = ("f16", "q8_0", "q4_0")
+PY_SHOWN_TYPES = ("f16", "fp8")
+"""The cache types a Hugging Face config's report shows: 16-bit (vLLM's "auto" for bf16/f16 weights) and fp8."""
 #: Headroom kept free when the budget comes from the local devices (llama.cpp --fit-target default).
 DEFAULT_HEADROOM_MIB = 1024.0
 
@@ -96,7 +98,8 @@ def fit_report(shape: ModelShape, ctx_size: int | None, free_mib: float, paralle
     base = KVConfig(n_ctx=int(ctx_size or 0), n_seq=n_seq, kv_unified=unified, cache_type_k=tk,
                     cache_type_v=tv, flash_attn=flash_attn, swa_full=swa_full, n_ubatch=n_ubatch)
     req = kv_size(shape, base)
-    types = list(SHOWN_TYPES)
+    python = shape.source == "hf_config"  # a Hugging Face config: vLLM / SGLang, whose KV types are 16-bit and fp8
+    types = list(PY_SHOWN_TYPES if python else SHOWN_TYPES)
     if tk == tv and tk not in types:
         types.append(tk)
     fit_np: dict[str, int] = {}
@@ -113,7 +116,8 @@ def fit_report(shape: ModelShape, ctx_size: int | None, free_mib: float, paralle
     notes = list(req.notes)
     if not flash_attn and (tv != "f16" and tv != "f32" and tv != "bf16"):
         notes.append("a quantized V cache needs flash attention (llama.cpp refuses it with -fa off)")
-    notes.append("q8_0/q4_0 V caches need flash attention on (-fa on or auto)")
+    notes.append("vLLM: --kv-cache-dtype fp8 and --max-model-len; SGLang: --kv-cache-dtype fp8_e4m3 and "
+                 "--context-length" if python else "q8_0/q4_0 V caches need flash attention on (-fa on or auto)")
     if shape.n_ctx_train and any(v > shape.n_ctx_train for v in fit_np.values()):
         notes.append(f"the model was trained for {shape.n_ctx_train:,} tokens; contexts above it need RoPE scaling")
     return {
@@ -203,6 +207,8 @@ def render_fit(rep: dict[str, Any], shape: ModelShape) -> str:
     f16, q8 = rep["max_ctx_fit"].get("f16"), rep["max_ctx_fit"].get("q8_0")
     ex = rep["max_ctx_fit_exact"]
     parts = [f"{f16:,} tokens at f16"]
+    if rep["max_ctx_fit"].get("fp8") is not None:
+        parts.append(f"{rep['max_ctx_fit']['fp8']:,} at fp8")
     if q8 is not None:
         q8s = f"{q8:,} at q8_0"
         if ex.get("q8_0", q8) != q8:

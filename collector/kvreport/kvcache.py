@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from kvreport.units import CACHE_TYPES, GIB, MIB  # noqa: F401 - one copy of the units, re-exported
+from kvreport.units import CACHE_TYPES, GIB, MIB, PY_CACHE_TYPES  # noqa: F401 - one copy of the units, re-exported
 
 #: llama.cpp pads n_ctx (and n_ctx_seq) up to a multiple of this since b6975
 #: (``src/llama-context.cpp``, "for CUDA").
@@ -82,7 +82,7 @@ def normalize_type(name: str | None) -> str:
 
 def is_known_type(name: str | None) -> bool:
     """Whether kvreport knows the size of this cache type (forks add others, e.g. ``turbo3``)."""
-    return normalize_type(name) in CACHE_TYPES
+    return normalize_type(name) in CACHE_TYPES or normalize_type(name) in PY_CACHE_TYPES
 
 
 def row_bytes(type_name: str, n_elements: int) -> int | None:
@@ -91,7 +91,7 @@ def row_bytes(type_name: str, n_elements: int) -> int | None:
     ``ggml_row_size(t, n) = n / blck_size(t) * type_size(t)`` (``ggml/src/ggml.c``). Returns None
     for a type name kvreport does not know (fork-specific types), never raises for that.
     """
-    t = CACHE_TYPES.get(normalize_type(type_name))
+    t = CACHE_TYPES.get(normalize_type(type_name)) or PY_CACHE_TYPES.get(normalize_type(type_name))
     if t is None:
         return None
     blck, size = t

@@ -26,8 +26,15 @@ CACHE_TYPES: dict[str, tuple[int, int]] = {
     "iq4_nl": (32, 18),
 }
 
-BYTES_PER_VALUE = {name: size / blck for name, (blck, size) in CACHE_TYPES.items()}
-"""Bytes per cached value of each llama.cpp cache type (ggml block sizes: q8_0 = 34 bytes per 32 values)."""
+PY_CACHE_TYPES: dict[str, tuple[int, int]] = {
+    "fp8": (1, 1),
+    "fp8_e4m3": (1, 1),
+    "fp8_e5m2": (1, 1),
+}
+"""vLLM / SGLang ``--kv-cache-dtype`` values besides the 16-bit default ("auto" = the model's dtype, as f16)."""
+
+BYTES_PER_VALUE = {name: size / blck for name, (blck, size) in {**CACHE_TYPES, **PY_CACHE_TYPES}.items()}
+"""Bytes per cached value of each cache type (ggml block sizes: q8_0 = 34 bytes per 32 values; fp8 = 1)."""
 
 
 def fmt_mib(x: float | None) -> str:
