@@ -176,3 +176,12 @@ def test_bounded_lists_keep_the_first_and_the_last_items():
         f.gguf_kv[f"key{i}"] = i
     assert len(f.events) == 2000 and f.events[-1]["lineno"] == 4999 and f.events[0]["lineno"] == 0
     assert len(f.warnings) <= 400 and f.warnings[-1] == "4999" and len(f.gguf_kv) <= 400
+
+
+def test_a_device_line_wrapped_before_its_free_memory_is_joined():
+    """`fold -w 80` or a narrow terminal splits llama.cpp's device line before "N MiB free"."""
+    from kvreport.logs import parse_log
+
+    f = parse_log(["llama_model_load_from_file_impl: using device CUDA0 (NVIDIA GeForce RTX 4090) - ",
+                   "23682 MiB free"])
+    assert f.devices["CUDA0"]["free_mib"] == 23682.0

@@ -107,7 +107,8 @@ WRAP_PHRASES = ("out of memory. Tried to allocate", "KV cache is needed", "large
 WRAP_PAIRS = (("max seq len", "KV cache is needed"), ("max seq len", "maximum number of tokens that can be stored"),
               ("Free memory on device", "desired GPU memory utilization"), ("out of memory.", "Tried to allocate"),
               ("model requires more", "than is available"), ("failed to allocate", "buffer of size"),
-              ("Buffer overflow when allocating", "bytes available in AlignedAllocator"))
+              ("Buffer overflow when allocating", "bytes available in AlignedAllocator"),
+              ("using device", "MiB free"))
 """(start, continuation) of the same messages when the break falls between two phrases."""
 
 
