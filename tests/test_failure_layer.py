@@ -263,3 +263,14 @@ def test_metal_buffer_size_and_device():
 def test_an_engine_check_with_equal_rounded_figures_exceeds():
     line = "Error: 500 Internal Server Error: model requires more system memory (5.3 GiB) than is available (5.3 GiB)\n"
     assert analyze_text(line)["failure"]["verdict"] == "exceeds_free"
+
+
+def test_backend_words_are_words_not_substrings():
+    """'cannot' is not CANN and 'relationship' not HIP; torch on ROCm names both CUDA and HIP, and HIP wins."""
+    from kvreport.logs.oom import _backend_of_words
+
+    assert _backend_of_words("mmap failed: cannot allocate memory") is None
+    assert _backend_of_words("a relationship of ships") is None
+    assert _backend_of_words("torch.cuda.outofmemoryerror: hip out of memory.") == "rocm"
+    assert _backend_of_words("ggml-cann: npu:0 out of memory") == "cann"
+    assert _backend_of_words("vk::queue::submit: erroroutofdevicememory") == "vulkan"

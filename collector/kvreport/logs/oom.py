@@ -435,16 +435,24 @@ _LOG_LEVEL_INFO = re.compile(r"(?:^|[\s\]|)])(?:INFO|DEBUG|level=INFO|level=DEBU
 _NET_SIZE = re.compile(r"(?i)allocat\w*\s+([\d.]+)\s*([KMGT]i?B)\b")
 _NOT_FAILURES = re.compile(r"(?i)\b(?:to avoid|avoid(?:s|ing)? (?:an? )?(?:oom|out of memory)|may run out|might run out|"
                            r"if you (?:run|get|see)|reduce .{0,40}to prevent|--help|usage:|prevent oom|oom[ _-]?(?:score|adj))")
-_BACKEND_WORDS = (("hip", "rocm"), ("rocm", "rocm"), ("cuda", "cuda"), ("musa", "musa"), ("vulkan", "vulkan"),
-                  ("metal", "metal"), ("mtl", "metal"), ("sycl", "sycl"), ("xpu", "sycl"), ("opencl", "opencl"),
-                  ("cann", "cann"), ("npu", "cann"), ("openvino", "openvino"))
+_BACKEND_WORDS = (("hip", "rocm"), ("rocm", "rocm"), ("rocblas", "rocm"), ("cuda", "cuda"), ("cublas", "cuda"),
+                  ("musa", "musa"), ("vulkan", "vulkan"), ("vk", "vulkan"), ("metal", "metal"), ("mtl", "metal"),
+                  ("sycl", "sycl"), ("xpu", "sycl"), ("opencl", "opencl"), ("cann", "cann"), ("npu", "cann"),
+                  ("openvino", "openvino"))
+"""Backend words in a failure line, each matched as a word or a word's prefix ("hipMalloc", "CUDA0", "ggml-cann",
+"npu:0"), never inside another word ("cannot" is not CANN, "ship" not HIP)."""
+_BACKEND_RX = re.compile(r"(?<![a-z])(" + "|".join(w for w, _ in _BACKEND_WORDS) + r")(?:malloc|blas|_|\d|(?![a-z]))")
+_BACKEND_OF = dict(_BACKEND_WORDS)
+
+
+_BACKEND_RANK = {w: i for i, (w, _) in enumerate(_BACKEND_WORDS)}
 
 
 def _backend_of_words(low: str) -> str | None:
-    for word, backend in _BACKEND_WORDS:
-        if word in low:
-            return backend
-    return None
+    """The backend of the lower-cased line's backend words (:data:`_BACKEND_WORDS`; the earliest in that table wins:
+    torch on ROCm says "torch.cuda.OutOfMemoryError: HIP out of memory"), or None."""
+    words = {m.group(1) for m in _BACKEND_RX.finditer(low)}
+    return _BACKEND_OF[min(words, key=_BACKEND_RANK.__getitem__)] if words else None
 
 
 def _net_data(line: str) -> dict | None:
