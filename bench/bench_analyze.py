@@ -189,7 +189,7 @@ def bench_one(name: str, path: Path, size: int, args) -> None:
               f"peak RSS under 100 MB ({'met' if r['rss_mib'] * 1.048576 < 100 else 'NOT met'})")
     for backend in args.backends:
         for memo in ((True, False) if backend != "grep" else (True,)):
-            slow = backend == "python" or not memo or (backend == "grep" and name == "cases")
+            slow = backend == "python" or not memo
             if slow and mb > 300 and not args.slow:
                 continue  # minutes per run: --slow
             r = best_of([sys.executable, "-c", CHILD, str(path), backend, "1" if memo else "0"], args.repeat)
@@ -210,8 +210,8 @@ def main() -> int:
     ap.add_argument("--backends", default="hyperscan,grep,python",
                     help="prefilter backends to time one by one (kvreport.logs.scan)")
     ap.add_argument("--slow", action="store_true",
-                    help="above 300 MB, also time what parses every key line (the Python backend, runs not "
-                         "remembered, grep on the crash-loop log): minutes each")
+                    help="above 300 MB, also time the Python backend and what parses every key line (runs not "
+                         "remembered): minutes each")
     ap.add_argument("--grep-pattern", default="failed to allocate")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each command, baselines included (the fastest "
                     "is shown: the machine is shared)")
