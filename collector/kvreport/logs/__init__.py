@@ -227,7 +227,7 @@ def parse_stream(fileobj, chunk_bytes: int = 8 << 20) -> LogFacts:
 def parse_file(path, use_grep: bool = True, workers: int | None = None, backend: str | None = None) -> LogFacts:
     """The facts of a log file on disk, as :func:`parse_log` gives them, at near the speed of ``grep``.
 
-    ``backend`` (:mod:`kvreport.logs.scan`): ``"hyperscan"`` (the default when it imports, from 16 MiB up),
+    ``backend`` (:mod:`kvreport.logs.scan`): ``"hyperscan"`` (the default when it imports),
     ``"grep"`` (the default otherwise), ``"python"`` (``use_grep=False``, or no grep, or grep failed). Every backend
     selects the same lines (any of :data:`KEYWORDS` in the raw bytes) and parses each distinct run of a
     crash-looping log once (:func:`kvreport.logs.scan.parse_runs`). ``workers`` is accepted for compatibility and
@@ -238,7 +238,7 @@ def parse_file(path, use_grep: bool = True, workers: int | None = None, backend:
     with open(path, "rb") as fh:
         fd = fh.fileno()
         size = os.fstat(fd).st_size
-        backend = (backend or scan.best_backend(size)) if use_grep else "python"
+        backend = (backend or scan.best_backend()) if use_grep else "python"
         f = LogFacts()
         try:
             nl, _hits, failed_run = scan.parse_runs(f, fd, size, scan.scanner(backend), _feed_one, _is_start_raw)
