@@ -7,7 +7,11 @@ Two logs, each at every ``--sizes`` (MB; default 100 and 1000), written under a 
   the lines are filler);
 * ``cases``: every real case log (tests/data/cases/*/log.txt and tests/data/corpus/*/log.txt) end to end, repeated
   until the size is reached — the journal of a crash-looping service, where most lines are key lines and the log
-  holds thousands of failures.
+  holds thousands of failures;
+* ``journal`` (only when asked for, ``--logs journal``): the ``cases`` log as journald keeps it, every line
+  behind a ``Mon DD HH:MM:SS host llama-server[PID]: `` prefix (a new PID per repetition, one second per line), so
+  that no run repeats byte for byte and the runs are not remembered (kvreport.logs.scan); and as ``llama-server``
+  is one of the keywords (an engine hint), every line is a key line: every line is parsed.
 
 Every analysis runs in its own process (the whole ``kvreport analyze --json`` command, and the parse alone with
 each prefilter backend), timed by wall clock, CPU (user+system, children included) and peak RSS (``ru_maxrss`` of
@@ -89,6 +93,28 @@ def build_cases_log(path: Path, size_mb: int) -> tuple[int, int]:
             out.write(blob)
             written += len(blob)
             reps += 1
+    return written, reps
+
+
+def build_journal_log(path: Path, size_mb: int) -> tuple[int, int]:
+    """The ``cases`` log behind journald's line prefix (see the module doc); returns (bytes written, repetitions)."""
+    from tests.paths import CASE_DIR, CORPUS_DIR
+
+    logs = sorted(CASE_DIR.glob("*/log.txt")) + sorted(CORPUS_DIR.glob("*/log.txt"))
+    lines = b"".join(_with_newline(p.read_bytes()) for p in logs).splitlines(keepends=True)
+    target = size_mb * 1_000_000
+    written = reps = t = 0
+    with open(path, "wb") as out:
+        while written < target:
+            reps += 1
+            chunk = []
+            for line in lines:
+                t += 1
+                chunk.append(b"Dec %02d %02d:%02d:%02d host llama-server[%d]: " % (
+                    1 + t // 86400 % 28, t // 3600 % 24, t // 60 % 60, t % 60, 1000 + reps) + line)
+            data = b"".join(chunk)
+            out.write(data)
+            written += len(data)
     return written, reps
 
 
@@ -206,7 +232,7 @@ def bench_one(name: str, path: Path, size: int, args) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="100,1000", help="log sizes in MB, comma-separated")
-    ap.add_argument("--logs", default="filler,cases")
+    ap.add_argument("--logs", default="filler,cases", help="filler, cases, journal (see the module doc)")
     ap.add_argument("--backends", default="hyperscan,grep,python",
                     help="prefilter backends to time one by one (kvreport.logs.scan)")
     ap.add_argument("--slow", action="store_true",
@@ -228,7 +254,7 @@ def main() -> int:
         for size_mb in (int(s) for s in args.sizes.split(",") if s):
             for name in args.logs.split(","):
                 path = tmpdir / f"{name}-{size_mb}mb.log"
-                builder = build_log if name == "filler" else build_cases_log
+                builder = {"filler": build_log, "cases": build_cases_log, "journal": build_journal_log}[name]
                 size, _n = builder(path, size_mb)
                 bench_one(name, path, size, args)
                 if not args.keep:
