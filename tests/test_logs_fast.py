@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 import pytest
 
@@ -78,7 +79,7 @@ def test_a_crash_loop_gives_the_line_by_line_diagnosis_on_every_backend(crash_lo
 def test_runs_seen_before_are_counted_from_memory_not_parsed_again(crash_loop):
     ref = _line_by_line(crash_loop)
     forks = (False, True) if hasattr(os, "fork") else (False,)
-    for backend, fork in [(b, k) for b in BACKENDS if b != "grep" for k in forks]:
+    for backend, fork in [(b, k) for b in BACKENDS for k in forks]:
         f = LogFacts()
         with open(crash_loop, "rb") as fh:
             nl, hits, _failed = scan.parse_runs(f, fh.fileno(), os.path.getsize(crash_loop), scan.scanner(backend),
@@ -88,6 +89,38 @@ def test_runs_seen_before_are_counted_from_memory_not_parsed_again(crash_loop):
         assert hits >= 2 * (ref.runs // 3) - 4, (backend, fork, hits, ref.runs)
         assert f.repeats == ref.repeats and f.key_line_count == ref.key_line_count, (backend, fork)
         assert f.events == ref.events, (backend, fork)
+
+
+def test_the_segment_hash_does_not_depend_on_how_the_bytes_come_with_or_without_xxhash(monkeypatch, crash_loop):
+    data = (CASE_DIR / "loc-21-fail-ulimit-kv-600000" / "log.txt").read_bytes()
+    ref = _line_by_line(crash_loop)
+    for without_xxhash in (False, True):
+        if without_xxhash:
+            monkeypatch.setitem(sys.modules, "xxhash", None)  # import xxhash raises ImportError: BLAKE2b
+        hasher = scan._hasher_type()
+        whole, parts = hasher(), hasher()
+        whole.update(data)
+        for i in range(0, len(data), 777):
+            parts.update(memoryview(data)[i:i + 777])
+        assert whole.intdigest() == parts.intdigest() and 0 <= whole.intdigest() < 1 << 64
+        assert hasher().intdigest() != whole.intdigest()
+        got = _fast(crash_loop, BACKENDS[0])
+        assert (got.repeats, got.events, got.line_count) == (ref.repeats, ref.events, ref.line_count), without_xxhash
+
+
+@pytest.mark.skipif(not shutil.which("grep") or not hasattr(os, "fork"), reason="needs grep and fork")
+def test_a_grep_that_fails_falls_back_to_python_and_a_failed_segment_reader_raises(monkeypatch, tmp_path, crash_loop):
+    bad = tmp_path / "grep"
+    bad.write_text("#!/bin/sh\nexit 2\n")
+    bad.chmod(0o755)
+    monkeypatch.setattr(scan.shutil, "which", lambda name: str(bad))
+    ref = _line_by_line(crash_loop)
+    _same(_fast(crash_loop, "grep"), ref, "grep failed")
+    size = os.path.getsize(crash_loop)
+    for fork in (False, True):
+        with open(crash_loop, "rb") as fh, pytest.raises(OSError):
+            scan.parse_runs(LogFacts(), fh.fileno(), size, scan.Scanner("grep", KEYWORDS, LITERALS), _feed_one,
+                            _is_start_raw, fork=fork)
 
 
 def test_memory_does_not_grow_with_the_failures_in_the_log(tmp_path):

@@ -229,29 +229,26 @@ def parse_stream(fileobj, chunk_bytes: int = 8 << 20) -> LogFacts:
 def parse_file(path, use_grep: bool = True, workers: int | None = None, backend: str | None = None) -> LogFacts:
     """The facts of a log file on disk, as :func:`parse_log` gives them, at near the speed of ``grep``.
 
-    ``backend`` (:mod:`kvreport.logs.scan`): ``"hyperscan"`` (the default when it imports, from 16 MiB up),
-    ``"grep"`` (the default otherwise), ``"python"`` (``use_grep=False``, or no grep). Every backend selects the same lines (any of
-    :data:`KEYWORDS` in the raw bytes); hyperscan and Python also parse each distinct run of a crash-looping log once
-    (:func:`kvreport.logs.scan.parse_runs`). The grep path is one ``grep -a -n -E`` process whose output is read as it
-    comes (``workers`` is accepted for compatibility and ignored: ranges read in parallel had to hold every range's
-    output in memory). Memory stays bounded whatever the file holds. Raises OSError when the file cannot be read.
+    ``backend`` (:mod:`kvreport.logs.scan`): ``"hyperscan"`` (the default when it imports),
+    ``"grep"`` (the default otherwise), ``"python"`` (``use_grep=False``, or no grep, or grep failed). Every backend
+    selects the same lines (any of :data:`KEYWORDS` in the raw bytes) and parses each distinct run of a
+    crash-looping log once (:func:`kvreport.logs.scan.parse_runs`). ``workers`` is accepted for compatibility and
+    ignored. Memory stays bounded whatever the file holds. Raises OSError when the file cannot be read.
     """
     from kvreport.logs import scan
 
     with open(path, "rb") as fh:
         fd = fh.fileno()
         size = os.fstat(fd).st_size
-        backend = (backend or scan.best_backend(size)) if use_grep else "python"
+        backend = (backend or scan.best_backend()) if use_grep else "python"
         f = LogFacts()
-        failed_run = None
-        nl = None
-        if backend == "grep":
-            try:
-                nl = scan.scanner("grep").feed_range(fd, 0, size, 0, lambda n, raw: _feed_one(f, raw, n))
-            except OSError:
-                f, backend = LogFacts(), "python"
-        if nl is None:
+        try:
             nl, _hits, failed_run = scan.parse_runs(f, fd, size, scan.scanner(backend), _feed_one, _is_start_raw)
+        except OSError:
+            if backend != "grep":
+                raise
+            f = LogFacts()  # grep failed: Python reads the file
+            nl, _hits, failed_run = scan.parse_runs(f, fd, size, scan.scanner("python"), _feed_one, _is_start_raw)
         f.line_count = nl + (1 if size and os.pread(fd, 1, size - 1) != b"\n" else 0)
     return _finish(f, failed_run)
 

@@ -1,7 +1,7 @@
 """Reading a log FILE fast: the key-line prefilter as a multi-pattern scanner, and runs parsed once.
 
 Two costs dominate a big log: finding the key lines (:data:`kvreport.logs.KEYWORDS`) among the others, and parsing
-the key lines in Python (about 30 µs each). This module cuts both.
+the key lines in Python (30-50 µs each). This module cuts both.
 
 **Scanners** (:func:`scanner`): the same selection three ways — every line whose raw bytes hold one of the
 keywords — so that every path hands :func:`kvreport.logs._feed_one` the same lines:
@@ -12,14 +12,16 @@ keywords — so that every path hands :func:`kvreport.logs._feed_one` the same l
   chosen when hyperscan is missing;
 * ``python``: the same alternation as a ``bytes`` regex; the last resort.
 
-**Runs** (:func:`parse_runs`): a crash-looping service's log is the same few runs over and over. The file is cut into
-segments at run-start lines (:mod:`kvreport.logs.runs`); each segment's bytes are hashed as they are read (64-bit
-``hash`` of 1 MiB pieces, chained). A run is parsed once: what parsing a chain of segments from a fresh start
-gave (did the run fail, its failure key, its line and key-line counts) is remembered by the chain's hash, and a
-later run with the same bytes is counted from that memory instead of being parsed again (line numbers do not enter
-the facts that are remembered). The last run is always parsed, so its facts carry their real line numbers. The
-result equals :func:`kvreport.logs.parse_log` over the same lines (tests/test_logs_fast.py checks it on every real
-case); memory is a few blocks plus at most :data:`MEMO_MAX` remembered runs.
+**Runs** (:func:`parse_runs`, every backend): a crash-looping service's log is the same few runs over and over. The
+file is cut into segments at run-start lines (:mod:`kvreport.logs.runs`; found by the backend's scanner over the
+run-start literals, with grep as one ``grep -b -F`` process); each segment's bytes are hashed (64-bit XXH3 from
+PyPI ``xxhash``, the ``fast`` extra, else BLAKE2b: :func:`_hasher_type`). From :data:`FORK_MIN` up a forked child
+finds and hashes the segments while this process parses. A run is parsed once: what parsing a chain of segments
+from a fresh start gave (did the run fail, its failure key, its line and key-line counts) is remembered by the
+chain's hash, and a later run with the same bytes is counted from that memory instead of being parsed again (line
+numbers do not enter the facts that are remembered). The last run is always parsed, so its facts carry their real
+line numbers. The result equals :func:`kvreport.logs.parse_log` over the same lines (tests/test_logs_fast.py checks
+it on every real case); memory is a few blocks plus at most :data:`MEMO_MAX` remembered runs.
 """
 
 from __future__ import annotations
@@ -37,9 +39,6 @@ from kvreport import strict
 
 BLOCK = 8 << 20
 """Bytes read at a time (cut back to the last newline)."""
-PIECE = 1 << 20
-"""Segment bytes are hashed in pieces of this size counted from the segment's start (so the hash of a segment does
-not depend on where it lies in the file or how it was read)."""
 MEMO_MAX = 4096
 """Remembered run chains; the memory is emptied when it is full (0: nothing is remembered, every run is parsed)."""
 _MAX_LINE = 64 << 20
@@ -138,15 +137,10 @@ def _have_hyperscan() -> bool:
     return True
 
 
-HYPERSCAN_MIN = 16 << 20
-"""Below this many bytes grep is used even when hyperscan is installed: compiling the keyword database takes about
-0.1 s, more than grep takes over such a file."""
-
-
-def best_backend(size: int | None = None) -> str:
-    """``"hyperscan"`` when it imports (and the file has at least :data:`HYPERSCAN_MIN` bytes, when ``size`` is
-    given), else ``"grep"`` when there is one, else ``"python"``."""
-    if (size is None or size >= HYPERSCAN_MIN) and _have_hyperscan():
+def best_backend() -> str:
+    """``"hyperscan"`` when it imports (for every size: its two databases build in a few milliseconds, less than
+    the grep processes it saves), else ``"grep"`` when there is one, else ``"python"``."""
+    if _have_hyperscan():
         return "hyperscan"
     return "grep" if shutil.which("grep") else "python"
 
@@ -156,6 +150,7 @@ class Scanner:
 
     def __init__(self, backend: str, keywords, run_literals):
         self.backend = backend
+        self.run_literals = tuple(run_literals)
         if backend == "hyperscan":
             self.key_spans, self.start_spans = _HyperscanSpans(keywords), _HyperscanSpans(run_literals)
         else:
@@ -181,71 +176,77 @@ def _grep_range(fd: int, start: int, end: int, nl: int, feed) -> int:
     """:meth:`Scanner.feed_range` through one ``grep -a -n -E`` process fed the range on its standard input."""
     from kvreport.logs import grep_pattern_file
 
+    with grep_pattern_file("-E") as kw, _grep(fd, start, end, ["-n", "-E", "-f", kw], count=True) as (out, newlines):
+        for line in out:
+            num, _, text = line.partition(b":")
+            if num.isdigit():
+                feed(nl + int(num), text[:-1] if text.endswith(b"\n") else text)
+    return nl + newlines[0]
+
+
+@contextlib.contextmanager
+def _grep(fd: int, start: int, end: int, args: list[str], count: bool = False):
+    """``(output lines, [newlines])`` of one ``grep -a <args>`` process (``LC_ALL=C``) fed ``[start, end)`` of ``fd``
+    on its standard input by a thread, which counts the newlines it sends when ``count`` (read the count once the
+    output is read to its end). Raises OSError when there is no grep or it fails."""
     grep = shutil.which("grep")
     if grep is None:
         raise OSError("no grep")
     newlines = [0]
     errors: list[BaseException] = []
-    with grep_pattern_file("-E") as kw:
-        proc = subprocess.Popen([grep, "-a", "-n", "-E", "-f", kw], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, env={**os.environ, "LC_ALL": "C"})
+    proc = subprocess.Popen([grep, "-a", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "LC_ALL": "C"})
 
-        def pump() -> None:
-            try:
-                for _off, data, n in _blocks(fd, start, end):
-                    newlines[0] += data.count(b"\n", 0, n)
-                    proc.stdin.write(memoryview(data)[:n])
-            except (OSError, ValueError) as exc:  # a broken pipe: grep died
-                errors.append(exc)
-            finally:
-                try:
-                    proc.stdin.close()
-                except OSError:
-                    pass
-
-        t = threading.Thread(target=pump, daemon=True)
-        t.start()
+    def pump() -> None:
         try:
-            for out in proc.stdout:
-                num, _, text = out.partition(b":")
-                if num.isdigit():
-                    feed(nl + int(num), text[:-1] if text.endswith(b"\n") else text)
+            for _off, data, n in _blocks(fd, start, end):
+                if count:
+                    newlines[0] += data.count(b"\n", 0, n)
+                proc.stdin.write(memoryview(data)[:n])
+        except (OSError, ValueError) as exc:  # a broken pipe: grep died
+            errors.append(exc)
         finally:
-            t.join()
-            code = proc.wait()
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+
+    t = threading.Thread(target=pump, daemon=True)
+    t.start()
+    done = False
+    try:
+        yield proc.stdout, newlines
+        done = True
+    finally:
+        if not done:
+            proc.kill()
+        t.join()
+        proc.stdout.close()
+        code = proc.wait()
     if errors or code not in (0, 1):
         raise OSError(f"grep failed ({code})")
-    return nl + newlines[0]
 
 
-class _SegHash:
-    """A 64-bit hash of a segment's bytes, fed in any slicing: pieces of :data:`PIECE` bytes from its start."""
+def _hasher_type():
+    """A streaming 64-bit hash of bytes (``update``, ``intdigest``): xxHash's XXH3 (PyPI ``xxhash``, the ``fast``
+    extra; tens of GB/s) where it imports, else BLAKE2b cut to 8 bytes (hashlib; about 1 GB/s)."""
+    try:
+        import xxhash
+    except ImportError:
+        import hashlib
 
-    __slots__ = ("h", "n", "carry")
+        class _Blake:
+            __slots__ = ("h",)
 
-    def __init__(self):
-        self.h = 0
-        self.n = 0
-        self.carry = b""  # the piece begun (bytes, or a read-only memoryview of the block: hashed alike, no copy)
+            def __init__(self):
+                self.h = hashlib.blake2b(digest_size=8)
 
-    def update(self, mv: memoryview) -> None:
-        size = len(mv)
-        self.n += size
-        i = 0
-        if len(self.carry):
-            need = PIECE - len(self.carry)
-            if size < need:
-                self.carry = bytes(self.carry) + mv.tobytes()
-                return
-            self.h = hash((self.h, hash(bytes(self.carry) + mv[:need].tobytes())))
-            i = need
-        while size - i >= PIECE:
-            self.h = hash((self.h, hash(mv[i:i + PIECE])))
-            i += PIECE
-        self.carry = mv[i:] if i < size else b""
+            def update(self, data) -> None:
+                self.h.update(data)
 
-    def digest(self) -> int:
-        return hash((self.h, hash(self.carry), self.n))
+            def intdigest(self) -> int:
+                return int.from_bytes(self.h.digest(), "little")
+
+        return _Blake
+    return xxhash.xxh3_64
 
 
 class _Runs:
@@ -313,45 +314,83 @@ class _Runs:
         self.run_keys = self.f.key_line_count
 
 
+def _confirmer(is_start):
+    """``is_start`` with a memory: the same candidate lines come back in a crash loop, each is confirmed once."""
+    seen: dict[bytes, bool] = {}
+
+    def confirm(raw: bytes) -> bool:
+        ok = seen.get(raw)
+        if ok is None:
+            ok = is_start(raw)
+            if len(raw) < 4096:
+                if len(seen) >= 4096:
+                    seen.clear()
+                seen[raw] = ok
+        return ok
+
+    return confirm
+
+
 def _segments(fd: int, size: int, spans, is_start):
     """``(start, end, digest)`` of every segment of the file: cut before each confirmed run-start line; the last one
-    ends at ``size``."""
+    ends at ``size``. ``spans(data, n)``: the candidate lines of a block (:attr:`Scanner.start_spans`)."""
     seg_start = 0
-    h = _SegHash()
-    seen: dict[bytes, bool] = {}  # the same candidate lines come back in a crash loop: confirm each once
+    hasher = _hasher_type()
+    h = hasher()
+    confirm = _confirmer(is_start)
     for off, data, n in _blocks(fd, 0, size):
         mv = memoryview(data)[:n]
         pos = 0
         for s, stop in spans(data, n):
-            if off + s == seg_start:
-                continue
-            raw = data[s:stop]
-            ok = seen.get(raw)
-            if ok is None:
-                ok = is_start(raw)
-                if len(raw) < 4096:
-                    if len(seen) >= 4096:
-                        seen.clear()
-                    seen[raw] = ok
-            if not ok:
+            if off + s == seg_start or not confirm(data[s:stop]):
                 continue
             h.update(mv[pos:s])
-            yield seg_start, off + s, h.digest()
-            h = _SegHash()
+            yield seg_start, off + s, h.intdigest()
+            h = hasher()
             pos, seg_start = s, off + s
         h.update(mv[pos:])
-    yield seg_start, size, h.digest()
+    yield seg_start, size, h.intdigest()
 
 
-_REC = struct.Struct("<qqq")
+def _grep_segments(fd: int, size: int, literals, is_start):
+    """:func:`_segments` with the candidate lines found by one ``grep -a -b -F`` process (their byte offsets), each
+    segment's bytes then read and hashed."""
+    seg_start = 0
+    hasher = _hasher_type()
+    confirm = _confirmer(is_start)
+    with _grep(fd, 0, size, ["-b", "-F", *(a for lit in literals for a in ("-e", lit))]) as (out, _nl):
+        for line in out:
+            num, _, raw = line.partition(b":")
+            if not num.isdigit():
+                continue
+            off = int(num)
+            if off == seg_start or not confirm(raw[:-1] if raw.endswith(b"\n") else raw):
+                continue
+            yield seg_start, off, _hash_range(fd, seg_start, off, hasher)
+            seg_start = off
+    yield seg_start, size, _hash_range(fd, seg_start, size, hasher)
+
+
+def _hash_range(fd: int, start: int, end: int, hasher) -> int:
+    h = hasher()
+    while start < end:
+        data = os.pread(fd, min(BLOCK, end - start), start)
+        if not data:
+            break
+        h.update(data)
+        start += len(data)
+    return h.intdigest()
+
+
+_REC = struct.Struct("<qqQ")
 FORK_MIN = 64 << 20
 """From this size on (and where ``os.fork`` exists, with more than one CPU) the segments are found and hashed by a
 child process while this one parses: the two halves of the work run on two cores."""
 
 
-def _segments_forked(fd: int, size: int, spans, is_start):
-    """:func:`_segments` computed by a forked child and read from a pipe (same hash seed: the child is a fork).
-    Raises OSError when the child fails."""
+def _segments_forked(segments):
+    """The records of the generator ``segments()`` (:func:`_segments`, :func:`_grep_segments`) computed by a forked
+    child and read from a pipe. Raises OSError when the child fails."""
     r, w = os.pipe()
     with contextlib.suppress(AttributeError, OSError):
         import fcntl
@@ -364,7 +403,7 @@ def _segments_forked(fd: int, size: int, spans, is_start):
             os.close(r)
             with os.fdopen(w, "wb", buffering=1 << 16) as out:
                 count = 0
-                for rec in _segments(fd, size, spans, is_start):
+                for rec in segments():
                     out.write(_REC.pack(*rec))
                     count += 1
                 out.write(_REC.pack(-1, count, 0))
@@ -401,8 +440,11 @@ def parse_runs(f, fd: int, size: int, scanner: Scanner, feed_one, is_start, fork
     if fork is None:
         fork = size >= FORK_MIN and hasattr(os, "fork") and (os.cpu_count() or 1) > 1
     runs = _Runs(f, fd, scanner, feed_one)
-    segments = (_segments_forked if fork else _segments)(fd, size, scanner.start_spans, is_start)
-    for start, end, digest in segments:
+    if scanner.backend == "grep":
+        segments = functools.partial(_grep_segments, fd, size, scanner.run_literals, is_start)
+    else:
+        segments = functools.partial(_segments, fd, size, scanner.start_spans, is_start)
+    for start, end, digest in _segments_forked(segments) if fork else segments():
         runs.segment(start, end, digest, last=end == size)
     failed_run = None
     if runs.failed_range is not None and f.last_failed is None and not f.run_failed():
