@@ -89,8 +89,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvreport import linre
+from kvreport.hostnames import HOST_TLDS, has_host_tld, is_host_setting, is_public
 from kvreport.hostnames import METAVARS as _HOST_METAVARS
-from kvreport.hostnames import has_host_tld, is_host_setting, is_public
 
 SECRET_KINDS = ("url_credentials", "authorization", "secret_flag", "secret_env", "token")
 IDENTITY_KINDS = ("email", "home", "ip", "user", "host", "gpu_uuid")
@@ -390,18 +390,24 @@ _PRIVATE_NETS = tuple(ipaddress.ip_network(n) for n in ("192.168.0.0/16", "172.1
 # ``vllm.engine.llm_engine`` or ``libggml-cuda.so.1`` is never one. A path component (after "/") is no
 # host, but the one after "//" is, and so is a UNC path's (``\\fs.corp.acme.com\share``), and one after
 # a URL-encoded "/" or "@" (``?url=https%3A%2F%2Fdb.acme.io``).
-_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_HOST_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?"
+# Labels are not bounded to 63 characters here: counted repetitions make RE2's automaton large and slow, and
+# a longer "label" is no more identifying. The TLD alternation keeps the candidates to real host-like names.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_HOST_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?"
 _HOST_END = r"$|[^\w\x01.(-]|\.(?:$|[^\w\x01-])"
-_FQDN = linre.compile(r"(?P<host>" + _LABEL + r"(?:\." + _LABEL + r")+)",
+_TLD_ALT = "|".join(sorted(HOST_TLDS, key=lambda t: (-len(t), t)))
+_FQDN = linre.compile(r"(?P<host>" + _LABEL + r"(?:\." + _LABEL + r")*\.(?i:" + _TLD_ALT + "))",
                       before=r"^|[^\w\x01./\\%-]|//|\\\\|%2[Ff]|%40", after=_HOST_END)
 # a URL's host, after the scheme and any user info (``https://<credentials>@proxy.acme.io:3128/``)
 _URL_HOST = linre.compile(r"(?P<pre>[A-Za-z][A-Za-z0-9+.-]*://(?:[^\s/@\"'`]*@)?)(?P<host>" + _HOST_NAME + ")",
                           before=_NOT_WORD, after=_HOST_END)
 # the value of a setting (``OLLAMA_HOST=``, ``"host": "``, ``--host ``, ``remote=``) whose name says it is a host
+# (the name ends in one of these words; kvreport.hostnames.is_host_setting judges it)
+_HOST_WORD = r"(?i:host|hostname|addr|remote)"
 _HOST_SETTING = linre.compile(
-    r"(?P<pre>(?:--(?P<flag>[A-Za-z][A-Za-z0-9_-]*)(?:[ \t]*=[ \t]*|[ \t]+)"
-    r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)[\"']?[ \t]*[=:][ \t]*)[\"']?)(?P<host>" + _HOST_NAME + ")",
+    r"(?P<pre>(?:--(?P<flag>(?:[A-Za-z][A-Za-z0-9_-]*)?" + _HOST_WORD + r")(?:[ \t]*=[ \t]*|[ \t]+)"
+    r"|(?P<name>(?:[A-Za-z_][A-Za-z0-9_]*)?" + _HOST_WORD + r")[\"']?[ \t]*[=:][ \t]*)[\"']?)"
+    r"(?P<host>" + _HOST_NAME + ")",
     before=r"^|[^\w\x01-]", after=_HOST_END)
 _HOST_VALUE = linre.compile(r"(?P<pre>[\"']?)(?P<host>" + _HOST_NAME + ")", after=_HOST_END)
 _HOST_HINT = linre.compile(r"host|addr|remote", "i")
