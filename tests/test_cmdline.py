@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import shlex
+import string
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvreport.cmdline import llama_alias_table, parse_command, with_changes
+from kvreport.cmdline import llama_alias_table, parse_command, quote_problem, with_changes
 from tests.paths import CASE_DIR
 
 # --- real command lines from tests/data/cases ------------------------------------------------------
@@ -314,6 +315,49 @@ def test_parse_never_raises(line):
 @given(st.lists(_text, max_size=10))
 def test_parse_argv_never_raises(argv):
     parse_command(argv)
+
+
+@pytest.mark.parametrize("line, problem", [
+    ('llama-server -m "unterminated -c 4096', 'unbalanced quote: nothing closes the " opened before: unterminated -c 4096'),
+    ("llama-server -m 'unterminated -c 4096", "unbalanced quote: nothing closes the ' opened before: unterminated -c 4096"),
+    ('llama-server -m x -c 4096 --alias "', 'unbalanced quote: nothing closes the " at the end of the line'),
+    ("llama-server -m x \\", "a backslash at the end escapes nothing"),
+    ('C:\\llama\\llama-server.exe -m "C:\\models\\a b.gguf -c 4096',
+     'unbalanced quote: nothing closes the " opened before: C:\\models\\a b.gguf -c 4096'),
+    ('$ OLLAMA_HOST=<host>:11434 ollama run "llama3', 'unbalanced quote: nothing closes the " opened before: llama3'),
+])
+def test_quote_problem_names_the_open_quote(line, problem):
+    assert quote_problem(line) == problem
+
+
+@pytest.mark.parametrize("line", [
+    "llama-server -m '/m/a b.gguf' -c 4096", 'vllm serve "org/m" --max-model-len 4096',
+    "bash -c 'llama-server -m \"x y.gguf\" -c 4096'", "echo it\\'s && llama-server -c 4096",
+    "llama-server -c 4096 # it's a comment", "llama-server -m a.gguf \\\n  -c 4096",
+    'C:\\Users\\O\'Brien\\llama-server.exe -m "C:\\m\\a b.gguf" -c 4096',
+    "```\n$ llama-server -m x.gguf\n```", "llama-server -m <home>/m.gguf --api-key <token>",
+])
+def test_quote_problem_accepts_lines_that_split(line):
+    assert quote_problem(line) is None
+
+
+_word = st.text(alphabet=st.sampled_from(string.ascii_letters + string.digits + " _-=:,./@%+'\"$&|;<>()*?![]{}~^#"),
+                max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_word, max_size=8), st.sampled_from(['"', "'"]),
+       st.text(alphabet=string.ascii_letters + string.digits + " -", min_size=1, max_size=60))
+def test_quoted_lines_split_and_a_lone_quote_is_found(argv, quote, tail):
+    """Any argv joined with shell quoting splits (no false alarm); the same line with one more quote that is
+    never closed is refused, naming that quote and what follows it."""
+    line = shlex.join(["llama-server", *argv])
+    assert quote_problem(line) is None, line
+    problem = quote_problem(f"{line} {quote}{tail}")
+    shown = " ".join(tail.split())
+    shown = shown if len(shown) <= 40 else shown[:40] + "…"
+    assert problem == (f"unbalanced quote: nothing closes the {quote} opened before: {shown}" if shown
+                       else f"unbalanced quote: nothing closes the {quote} at the end of the line")
 
 
 _values = {

@@ -185,6 +185,50 @@ def test_cli_collect_stdin_log(tmp_path):
     assert json.loads((tmp_path / "b.json").read_text())["log"]["source"] == "stdin"
 
 
+_NOT_LOGS = [(b"", "it is empty"), (b"\n  \n", "it is empty"), (bytes(range(256)) * 40, "it is binary data, not a log"),
+             (b"\x1f\x8b\x08\x00" + b"x" * 100, "it is gzip data, not a log (decompress it first)"),
+             (b"GGUF\x03\x00\x00\x00" + b"\x00" * 100, "it is a GGUF model file, not a log")]
+
+
+@pytest.mark.parametrize(("content", "why"), _NOT_LOGS)
+def test_cli_collect_refuses_what_analyze_refuses(tmp_path, content, why):
+    """An empty or binary --log (a file or standard input) is the same one-line error, exit 2, as for
+    `kvreport analyze`, and no bundle is written; `kvreport run --log` reads it the same way."""
+    log = tmp_path / "in.log"
+    log.write_bytes(content)
+    out = tmp_path / "b.json"
+    cli = [sys.executable, "-m", "kvreport.cli"]
+    runs = {
+        "collect file": subprocess.run([*cli, "collect", "--log", str(log), "-o", str(out)], capture_output=True,
+                                       timeout=120),
+        "collect stdin": subprocess.run([*cli, "collect", "--log", "-", "-o", str(out)], input=content,
+                                        capture_output=True, timeout=120),
+        "analyze": subprocess.run([*cli, "analyze", str(log)], capture_output=True, timeout=120),
+        "run": subprocess.run([*cli, "run", "--log", str(log), "-o", str(out), "--", sys.executable, "-c",
+                               "raise SystemExit(1)"], capture_output=True, timeout=120),
+    }
+    for name, r in runs.items():
+        source = "standard input" if name == "collect stdin" else str(log)
+        assert r.returncode == 2 and r.stdout == b"", (name, r.stderr)
+        assert r.stderr.decode() == f"kvreport: error: nothing to analyze in {source}: {why}\n", name
+    assert not out.exists()
+
+
+def test_read_log_of_stdin_keeps_every_line_after_the_judged_head(tmp_path, monkeypatch):
+    """Standard input is judged on its first 64 KiB (to the end of a line), then read whole: a real log longer
+    than that comes out as the same excerpt as the file."""
+    import io
+
+    case = _case("loc-17-fail-huge-ctx-verbose") / "log.txt"
+    data = case.read_bytes()
+    assert len(data) > 64 * 1024
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+    from_stdin = collect.read_log("-")
+    from_file = collect.read_log(str(case))
+    assert from_stdin.line_count == from_file.line_count
+    assert list(from_stdin.lines()) == list(from_file.lines())
+
+
 def test_upload_needs_confirmation_without_tty(tmp_path, monkeypatch):
     called = []
     monkeypatch.setattr("kvreport.upload.upload_bundle", lambda *a: called.append(a) or {})

@@ -159,3 +159,73 @@ def test_bidi_overrides_are_shown_not_obeyed():
 
     body = issue_body(bundle, analyze(bundle))
     assert "\u202e" not in body and "<U+202E>" in body
+
+
+# --- the failure line, the GPU rows, the engine's own words (kvreport.engines settings) -----------------
+
+def _real(name: str, **extra) -> tuple[dict, dict]:
+    case = CASE_DIR / name
+    command = (case / "command.txt").read_text().strip() if (case / "command.txt").is_file() else None
+    bundle = minimal_bundle((case / "log.txt").read_text(errors="replace"),
+                            command=parse_command(command) if command else {}, **extra)
+    return bundle, analyze(bundle)
+
+
+def _rows(body: str) -> dict[str, list[str]]:
+    env = body.split("### Environment")[1].split("###")[0]
+    rows: dict[str, list[str]] = {}
+    for line in env.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")] if line.startswith("| ") else []
+        if len(cells) == 2 and cells[0]:
+            rows.setdefault(cells[0], []).append(cells[1])
+    return rows
+
+
+def test_an_unplaced_failure_says_its_device_is_not_named():
+    bundle, diagnosis = _real("pub-114-ollama-0182-memory-layout-num-gpu-26")
+    assert diagnosis["failure"]["failing_device"] is None and diagnosis["failure"]["phase"] != "none"
+    body = issue_body(bundle, diagnosis)
+    assert "failing device: not named in the log" in body
+    assert "None" not in body.split("### Environment")[0]
+
+
+def test_gpu_rows_come_from_the_log_when_nothing_was_probed():
+    bundle, diagnosis = _real("pub-012-llamacpp-rocm-2x7900xtx-weights-on-gpu0-only")
+    assert _rows(issue_body(bundle, diagnosis))["GPU"] == ["` ROCm0: Radeon RX 7900 XTX `",
+                                                           "` ROCm1: Radeon RX 7900 XTX `"]
+    bundle, diagnosis = _real("pub-103-llamacpp-sycl-a770-compute-buffer-joined-lines")
+    assert _rows(issue_body(bundle, diagnosis))["GPU"] == ["` SYCL0: Intel Arc A770 Graphics (16,704 MiB) `"]
+
+
+def test_a_probed_gpu_and_its_ggml_name_in_the_log_are_one_row():
+    """vLLM's log names only ``CUDA0``; the probe measured an RTX 3090 as cuda index 0: one row, not two."""
+    probed = [{"backend": "cuda", "index": 0, "name": "NVIDIA GeForce RTX 3090", "total_mib": 24576.0,
+               "free_mib": 23000.0, "source": "nvml"}]
+    bundle, diagnosis = _real("pub-109-vllm-3090-gate-utilization-097", devices=probed)
+    assert _rows(issue_body(bundle, diagnosis))["GPU"] == ["` CUDA0: NVIDIA GeForce RTX 3090 (24,576 MiB) `"]
+    # two identical probed GPUs named by the log by product name stay two rows
+    twin = [{**probed[0], "name": "Radeon RX 7900 XTX", "backend": "rocm", "index": i} for i in (0, 1)]
+    bundle, diagnosis = _real("pub-012-llamacpp-rocm-2x7900xtx-weights-on-gpu0-only", devices=twin)
+    assert len(_rows(issue_body(bundle, diagnosis))["GPU"]) == 2
+
+
+def test_ollama_rows_use_ollamas_words():
+    bundle, diagnosis = _real("pub-114-ollama-0182-memory-layout-num-gpu-26")
+    bundle["command"] = parse_command("OLLAMA_CONTEXT_LENGTH=8192 OLLAMA_NUM_PARALLEL=2 OLLAMA_KV_CACHE_TYPE=q8_0 "
+                                      "ollama serve")
+    rows = _rows(issue_body(bundle, diagnosis))
+    assert rows["Context (num_ctx)"] == ["8192"] and rows["Parallel (OLLAMA_NUM_PARALLEL)"] == ["2"]
+    assert rows["Cache types (OLLAMA_KV_CACHE_TYPE)"] == ["` q8_0 `"]
+    assert "GPU layers (num_gpu)" in rows
+    assert not [k for k in rows if "-c)" in k or "-np" in k or "-ngl" in k]
+
+
+def test_every_engine_shows_its_settings_in_its_own_words():
+    """The rows come from the engine registry: each engine's words, never another engine's flags."""
+    from kvreport.engines import REGISTRY
+
+    for engine in REGISTRY:
+        bundle = minimal_bundle("", engine={"name": engine.name})
+        rows = _rows(issue_body(bundle, {"engine": engine.name}))
+        shown = [k for k in rows if k.endswith(")") and k.split(" (")[0] not in ("Engine",)]
+        assert [k.split(" (", 1)[1][:-1] for k in shown] == [s.word for s in engine.settings], engine.name

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from kvreport.bundle import validate_bundle
+from kvreport.hostnames import is_public
 from kvreport.redact import SECRET_KINDS, Redactor, find_secrets, is_secret_key, secret_name_strength
 from tests.paths import CAPTURE_DIR, CASE_DIR, DATA
 
@@ -66,9 +67,9 @@ def R():
     ("token ghp_0123456789abcdefghijABCDEFGHIJ012345 in log", "token <token> in log"),
     ("(AIzaSyA1234567890abcdefghijklmnopqrstuv)", "(<token>)"),
     ("-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n-----END RSA PRIVATE KEY-----", "<token>"),
-    ("https://user:s3cret@proxy.example.com:3128/", "https://<credentials>@proxy.example.com:3128/"),
-    ("https://h.example.com/x?access_token=abc&max_tokens=5", "https://h.example.com/x?access_token=<token>&max_tokens=5"),
-    ("https://h.example.com/m.gguf?download=true&key=123456", "https://h.example.com/m.gguf?download=true&key=<token>"),
+    ("https://user:s3cret@proxy.example.com:3128/", "https://<credentials>@<host>:3128/"),
+    ("https://h.example.com/x?access_token=abc&max_tokens=5", "https://<host>/x?access_token=<token>&max_tokens=5"),
+    ("https://huggingface.co/m.gguf?download=true&key=123456", "https://huggingface.co/m.gguf?download=true&key=<token>"),
     ("mail alice.smith+x@example.co.uk now", "mail <email-1> now"),
     ("listening on http://192.168.1.20:8080", "listening on http://<ip-1>:8080"),
     ("ssh alice@10.1.2.3", "ssh <user>@<ip-1>"),
@@ -92,21 +93,21 @@ def test_redact_text(text, expected):
 
 
 ITEM9 = [  # issue 13, item 9: (text, redacted, kind the server's second pass reports)
-    ("curl -u bob:s3cretPW https://api.example.com/x", "curl -u <credentials> https://api.example.com/x",
+    ("curl -u bob:s3cretPW https://api.example.com/x", "curl -u <credentials> https://<host>/x",
      "url_credentials"),
-    ("curl -s --user bob:s3cretPW https://api.example.com/x", "curl -s --user <credentials> https://api.example.com/x",
+    ("curl -s --user bob:s3cretPW https://api.example.com/x", "curl -s --user <credentials> https://<host>/x",
      "url_credentials"),
-    ("curl -ubob:s3cretPW https://h.example.com", "curl -u<credentials> https://h.example.com", "url_credentials"),
+    ("curl -ubob:s3cretPW https://huggingface.co", "curl -u<credentials> https://huggingface.co", "url_credentials"),
     ("Cookie: session=abc123def; theme=dark", "Cookie: <token>", "authorization"),
     ("Set-Cookie: sid=xyz789abc; Path=/; HttpOnly", "Set-Cookie: <token>", "authorization"),
     ('{"Cookie": "session=abc123def", "n_ctx": 4096}', '{"Cookie": "<token>", "n_ctx": 4096}', "authorization"),
-    ("redis://:hunter2pw@cache.example.com:6379/0", "redis://<credentials>@cache.example.com:6379/0",
+    ("redis://:hunter2pw@cache.example.com:6379/0", "redis://<credentials>@<host>:6379/0",
      "url_credentials"),
     ("mysql -uroot -pS3cretPW mydb", "mysql -uroot -p<token> mydb", "authorization"),
     ("sshpass -p S3cretPW ssh bob@gpu -p 2222", "sshpass -p <token> ssh bob@gpu -p 2222", "authorization"),
-    ("docker login -u bob -p S3cretPW registry.example.com", "docker login -u bob -p <token> registry.example.com",
+    ("docker login -u bob -p S3cretPW registry.example.com", "docker login -u bob -p <token> <host>",
      "authorization"),
-    ("docker login --password S3cretPW r.example.com", "docker login --password <token> r.example.com", "secret_flag"),
+    ("docker login --password S3cretPW ghcr.io", "docker login --password <token> ghcr.io", "secret_flag"),
     (r"C:\Users\Carol Danvers\Downloads\qwen.gguf", r"<home>\Downloads\qwen.gguf", "home"),
     (r"PS C:\Users\Carol Danvers> llama-server -m x.gguf", "PS <home>> llama-server -m x.gguf", "home"),
     ('-m "/home/carol danvers/models/x.gguf"', '-m "<home>/models/x.gguf"', "home"),
@@ -140,11 +141,11 @@ def test_item9_shapes_are_redacted_and_found_by_the_second_pass(text, expected, 
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["curl", "-u", "bob:pw123", "https://x.example"], ["curl", "-u", "<credentials>", "https://x.example"]),
+    (["curl", "-u", "bob:pw123", "https://x.example"], ["curl", "-u", "<credentials>", "https://<host>"]),
     (["/usr/bin/curl", "--user=bob:pw123"], ["/usr/bin/curl", "--user=<credentials>"]),
     (["mysql", "-uroot", "-pS3cret", "db"], ["mysql", "-uroot", "-p<token>", "db"]),
     (["sshpass", "-p", "pw1", "ssh", "-p", "22", "h"], ["sshpass", "-p", "<token>", "ssh", "-p", "22", "h"]),
-    (["docker", "login", "-u", "bob", "-p", "pw1", "r.io"], ["docker", "login", "-u", "bob", "-p", "<token>", "r.io"]),
+    (["docker", "login", "-u", "bob", "-p", "pw1", "r.io"], ["docker", "login", "-u", "bob", "-p", "<token>", "<host>"]),
 ])
 def test_item9_argv_forms(argv, expected):
     from kvreport_server.analysis import find_secrets as server_find_secrets
@@ -219,8 +220,8 @@ def test_list_under_a_secret_key_is_redacted_item_by_item():
     "Authorization header missing; basic authentication required; Bearer authentication",
     "-m /models/tiny-fatkv.gguf",
     # item 9 look-alikes: a port, a prompt for the password, a uid, a destructor, a digest, a version
-    "docker run -p 8080:80 -u 1000:1000 img && docker login -u bob --password-stdin r.example.com",
-    "mysql -uroot -p mydb; sshpass -f /tmp/pw ssh -p 2222 gpu; curl -u bob https://x.example.com",
+    "docker run -p 8080:80 -u 1000:1000 img && docker login -u bob --password-stdin ghcr.io",
+    "mysql -uroot -p mydb; sshpass -f /tmp/pw ssh -p 2222 gpu; curl -u bob https://huggingface.co",
     "0.00.644.221 D ~llama_context:        CPU compute buffer size is   9.5176 MiB",
     "commit 9c77ec1d3a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d; sha ABCDEF0123456789ABCDEF0123456789ABCDEF01",
     "TensorRT 10.0.1.6, CUDA 12.1.0.1, takes ~seconds, -m ~/models/x.gguf",
@@ -570,6 +571,137 @@ def _plain_only(v: str) -> bool:
     return Redactor().redact_text(v) == v
 
 
+# --- host names and GPU UUIDs (kvreport.hostnames) ----------------------------------------------
+
+@pytest.mark.parametrize("text, expected", [
+    ("OLLAMA_HOST=gpubox.internal.acme.io:11434 ollama serve", "OLLAMA_HOST=<host>:11434 ollama serve"),
+    ('level=INFO source=routes.go msg="client connected" remote=gpubox.internal.acme.io:53422',
+     'level=INFO source=routes.go msg="client connected" remote=<host>:53422'),
+    ("ssh myhost.corp.example.com; psql -h db.acme.io -p 5432", "ssh <host>; psql -h <host> -p 5432"),
+    ("connecting to db.acme.io:5432 and GPUBOX.LAN", "connecting to <host>:5432 and <host>"),
+    ("http://gpubox:11434/api/generate", "http://<host>:11434/api/generate"),
+    ("curl https://alice.github.io/x https://demo.hf.space/", "curl https://<host>/x https://<host>/"),
+    ("--host gpubox --port 8080", "--host <host> --port 8080"),
+    ('{"host": "gpubox", "MASTER_ADDR": "node7"}', '{"host": "<host>", "MASTER_ADDR": "<host>"}'),
+    (r"\\fs.corp.acme.com\share\m.gguf", r"\\<host>\share\m.gguf"),
+    ("?next=https%3A%2F%2Fdb.acme.io%2Fx", "?next=https%3A%2F%2F<host>%2Fx"),
+    ("id=GPU-5a1f2b3c-9d8e-4f70-a1b2-c3d4e5f60718 library=CUDA", "id=<gpu-uuid-1> library=CUDA"),
+    ("CUDA_VISIBLE_DEVICES=GPU-5a1f2b3c-9d8e-4f70-a1b2-c3d4e5f60718,GPU-0c1d2e3f-4a5b-6c7d-8e9f-a0b1c2d3e4f5",
+     "CUDA_VISIBLE_DEVICES=<gpu-uuid-1>,<gpu-uuid-2>"),
+    ("GPU 0: A100 (UUID: GPU-5a1f2b3c-9d8e-4f70-a1b2-c3d4e5f60718) MIG-GPU-5a1f2b3c-9d8e-4f70-a1b2-c3d4e5f60718/1/0",
+     "GPU 0: A100 (UUID: <gpu-uuid-1>) <gpu-uuid-1>/1/0"),
+    ("MIG-1a2b3c4d-5e6f-7081-92a3-b4c5d6e7f809 and id=GPU-5320d871... and rocm GPU-4b3a2c1d0e9f8a7b",
+     "<gpu-uuid-1> and id=<gpu-uuid-2>... and rocm <gpu-uuid-3>"),
+])
+def test_private_hosts_and_gpu_uuids_are_redacted(text, expected):
+    r = R()
+    assert r.redact_text(text) == expected
+    assert R().redact_text(expected) == expected  # idempotent
+    assert find_secrets({"l": expected}) == []
+    assert find_secrets({"l": text}) != []
+
+
+@pytest.mark.parametrize("text", [
+    # public hosts
+    "llama-server -hf ggml-org/gemma-3-1b-it-GGUF: https://huggingface.co/ggml-org/x/resolve/main/x.gguf",
+    "pulling from registry.ollama.ai/library/llama3 and hf.co/bartowski/x and cdn-lfs.huggingface.co",
+    "pip install from https://pypi.org/simple and files.pythonhosted.org; see https://github.com/ggml-org/llama.cpp",
+    "docker pull ghcr.io/ggml-org/llama.cpp:server; nvcr.io/nvidia/pytorch; https://docs.vllm.ai/en/latest/",
+    "see https://docs.ray.io/en/master/ray-logging.html and https://pytorch.org/docs/stable/notes/cuda.html",
+    "OLLAMA_HOST:http://0.0.0.0:11434 OLLAMA_ORIGINS:[http://localhost https://localhost app://* file://*]",
+    "listening on http://127.0.0.1:8080 and http://localhost:8080; host=None; --host 0.0.0.0",
+    # code, files and versions that look dotted
+    "/src/ggml-cuda/ggml-cuda.cu:75: CUDA error; ggml-cuda.cu:2345: ERROR; load libggml-cuda.so.1 and libcuda.so",
+    "  File convert.py, line 12; torch.save to model.pt; run.sh; README.md; Makefile.in; x.to(device)",
+    "print_info: general.name = Qwen2.5 7B; llama.attention.head_count = 32; tokenizer.ggml.model = gpt2",
+    "vllm.engine.llm_engine torch.cuda.OutOfMemoryError vLLM API server version 0.6.4.dev26 0.5.1.dev",
+    "WARNING: GGML_BACKTRACE_LLDB may cause native MacOS Terminal.app to crash; /Applications/Ollama.app/x",
+    "ollama run llama3.2:3b; qwen2.5-coder:7b; model.safetensors; Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf",
+    "--rpc SERVERS  comma-separated list of RPC servers (host:port); PC=0x78abe1424c47 addr=0x215603fc8",
+    "llama_kv_cache: CUDA_Host KV buffer size = 512.00 MiB; using device CUDA0 (NVIDIA GeForce RTX 3060)",
+    "ggml_cuda_init: GGML_CUDA_FORCE_MMQ: no; MIG-capable; GPU-0 GPU-util 45%",
+])
+def test_public_hosts_and_dotted_facts_survive(text):
+    assert R().redact_text(text) == text
+    assert find_secrets({"line": text}) == []
+
+
+def test_host_settings_in_argv_env_and_flags():
+    r = R()
+    assert r.redact_argv(["OLLAMA_HOST=gpubox.internal.acme.io:11434", "ollama", "serve"]) == [
+        "OLLAMA_HOST=<host>:11434", "ollama", "serve"]
+    assert r.redact_argv(["llama-server", "--host", "gpubox", "--port", "8080"]) == [
+        "llama-server", "--host", "<host>", "--port", "8080"]
+    assert r.redact_argv(["llama-server", "--host", "0.0.0.0", "--no-host"]) == [
+        "llama-server", "--host", "0.0.0.0", "--no-host"]
+    assert r.redact_obj({"env": {"OLLAMA_HOST": "gpubox:11434", "MASTER_ADDR": "node7", "HOSTNAME": "gpubox"},
+                         "flags": {"host": "gpubox", "n_ctx": 4096}}) == {
+        "env": {"OLLAMA_HOST": "<host>:11434", "MASTER_ADDR": "<host>", "HOSTNAME": "<host>"},
+        "flags": {"host": "<host>", "n_ctx": 4096}}
+    assert r.redact_obj({"OLLAMA_HOST": "http://0.0.0.0:11434", "host": "localhost"}) == {
+        "OLLAMA_HOST": "http://0.0.0.0:11434", "host": "localhost"}
+
+
+_label = st.text(alphabet=string.ascii_lowercase + string.digits, min_size=1, max_size=10).filter(
+    lambda s: s[0].isalpha())
+_private_tld = st.sampled_from(["io", "com", "net", "org", "lan", "local", "internal", "corp", "de", "cn", "ai",
+                                "dev", "co.uk", "example.com"])
+_private_fqdn = st.tuples(st.lists(_label, min_size=1, max_size=3), _private_tld).map(
+    lambda t: ".".join([*t[0], t[1]])).filter(lambda h: not is_public(h))
+_public_fqdn = st.tuples(st.lists(_label, max_size=2), st.sampled_from(
+    ["huggingface.co", "hf.co", "github.com", "githubusercontent.com", "pypi.org", "ollama.com", "registry.ollama.ai",
+     "docker.io", "ghcr.io", "nvidia.com", "modelscope.cn"])).map(lambda t: ".".join([*t[0], t[1]]))
+_gpu_uuid = st.tuples(*(st.text(alphabet="0123456789abcdef", min_size=n, max_size=n) for n in (8, 4, 4, 4, 12))).map(
+    lambda t: "GPU-" + "-".join(t))
+# where a host name stands in a command line, the environment or a log line ({h} the name, {p} a port)
+_HOST_PLACES = [
+    "OLLAMA_HOST={h}:{p} ollama serve", "OLLAMA_HOST=http://{h}:{p}", "curl http://{h}:{p}/api/tags",
+    "https://<credentials>@{h}/v1/models", "remote={h}:{p}", 'msg="request" remote={h}:{p} status=200',
+    "connecting to {h} port {p}", "ssh {h}", "psql -h {h} -p {p}", '{{"host": "{h}", "port": {p}}}',
+    "--host {h} --port {p}", "[{h}]:{p}", "({h})", "{h}.", "at {h}, retrying", r"\\{h}\share\m.gguf",
+    "git clone git@{h}:team/models.git", "?url=https%3A%2F%2F{h}%2Fx", "Jul 07 02:07:26 box ollama[1]: {h}:{p}",
+]
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.data(), host=_private_fqdn, public=_public_fqdn, uuids=st.lists(_gpu_uuid, min_size=1, max_size=3,
+                                                                                unique=True),
+       port=st.integers(1, 65535))
+def test_planted_private_hosts_and_gpu_uuids_never_survive(tmp_path_factory, data, host, public, uuids, port):
+    """A private host name planted in the command line, its environment and the log (URL, host:port, a host
+    setting, prose, JSON, UNC path…) never reaches the written bundle; a public host beside it stays; every
+    GPU UUID becomes a numbered placeholder, the same UUID the same placeholder everywhere."""
+    from kvreport.collect import build_bundle
+    from kvreport.fsutil import write_json_atomic
+
+    place = data.draw(st.sampled_from(_HOST_PLACES), label="place")
+    planted = place.format(h=host, p=port)
+    log = [planted, f"main: downloading from https://{public}/x/resolve/main/m.gguf",
+           f'source=gpu.go msg="inference compute" id={uuids[0]} library=CUDA name=CUDA0',
+           "llama_kv_cache:        CPU KV buffer size =  1024.00 MiB",
+           "CUDA_VISIBLE_DEVICES=" + ",".join(uuids)]
+    line = f"OLLAMA_HOST={host}:{port} CUDA_VISIBLE_DEVICES={uuids[-1]} ollama serve"
+    probe_result = {"host": {}, "probes": {},
+                    "devices": [{"backend": "cuda", "index": i, "name": "NVIDIA GeForce RTX 3060", "uuid": u.upper()}
+                                for i, u in enumerate(uuids)]}
+    bundle = build_bundle(log, line, None, 0.5, probe_result=probe_result,
+                          extra_env={"OLLAMA_HOST": f"{host}:{port}", "MASTER_ADDR": host},
+                          redactor=Redactor(user_names=["alice"], host_names=["gpubox"]))
+    out = tmp_path_factory.mktemp("b") / "bundle.json"
+    write_json_atomic(out, bundle)
+    text = out.read_text()
+    assert host not in text.lower(), (planted, host)
+    assert f"https://{public}/x/resolve/main/m.gguf" in text and "1024.00 MiB" in text
+    for u in uuids:
+        assert u not in text.lower()
+    placeholders = [d["uuid"] for d in bundle["devices"]]
+    assert placeholders == [f"<gpu-uuid-{i + 1}>" for i in range(len(uuids))]
+    assert bundle["command"]["env"]["CUDA_VISIBLE_DEVICES"] == placeholders[-1]
+    assert bundle["redactions"]["host"] >= 3 and bundle["redactions"]["gpu_uuid"] >= 2 * len(uuids)
+    assert find_secrets(bundle, kinds=(*ALL_KINDS, "host", "gpu_uuid")) == []
+
+
 # --- property: harmless llama.cpp-style "name = number" lines survive ---------------------------
 
 _WORDS = ["n", "max", "min", "kv", "ctx", "tokens", "token", "keys", "key", "type", "k", "v", "size", "embd", "gqa",
@@ -610,7 +742,8 @@ def test_harmless_number_lines_survive(prefix, pairs, style):
 
 _ATOMS = ["a-", "=", "@", "x:", "/", "a.", "a=", "1.", "::", "~a", " ", "\\", '"', "'", "<", "-", "token", "key",
           "api_key=", "--api-key ", "Bearer ", "a@b.", "C:\\Users\\a ", "Cookie: ", "curl -u ", "mysql -p", "AKIA",
-          "hf_", "é", "\t", "[", "$(", "%", "?a=", "-----BEGIN RSA PRIVATE KEY-----"]
+          "hf_", "é", "\t", "[", "$(", "%", "?a=", "-----BEGIN RSA PRIVATE KEY-----", "a.io", "http://a", "host=",
+          "GPU-0123abcd-", "%2F"]
 _HEADS = ["", "token ", "HF_TOKEN=", "--api-key ", "curl ", "mysql ", "docker login ", "Authorization: ",
           "https://", "version ", "nccl: "]
 

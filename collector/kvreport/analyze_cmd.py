@@ -25,6 +25,7 @@ import tempfile
 from kvreport.analyze import _parse_command, analyze, diagnose
 from kvreport.bundle import BundleError, validate_bundle
 from kvreport.errors import InputError
+from kvreport.logcheck import HEAD_BYTES, refuse
 from kvreport.logs import parse_file, parse_stream
 from kvreport.render import render_text
 
@@ -72,27 +73,6 @@ def _as_bundle(head: bytes, fh) -> dict | None:
         raise InputError(str(exc)) from None
 
 
-_CONTROL = bytes(b for b in range(32) if b not in (9, 10, 12, 13, 27))
-
-
-def not_a_log(head: bytes) -> str | None:
-    """Why the first bytes of an input are not a log or a bundle (empty, or binary data), else None.
-
-    Binary: a compressed or archive signature, or more than 1 % NUL bytes, or more than 10 % other control bytes
-    (a log keeps tabs, newlines, CR and ANSI escapes; a stray NUL or two in a crash log is still a log)."""
-    if not head.strip():
-        return "it is empty"
-    for magic, what in ((b"\x1f\x8b", "gzip"), (b"PK\x03\x04", "zip"), (b"\x28\xb5\x2f\xfd", "zstd"),
-                        (b"BZh", "bzip2"), (b"\xfd7zXZ", "xz"), (b"GGUF", "a GGUF model file"), (b"\x7fELF", "an executable")):
-        if head.startswith(magic):
-            return f"it is {what} data, not a log (decompress it first)" if what in ("gzip", "zip", "zstd", "bzip2", "xz") \
-                else f"it is {what}, not a log"
-    n = len(head)
-    if head.count(0) > n / 100 or sum(head.count(c) for c in _CONTROL) > n / 10:
-        return "it is binary data, not a log"
-    return None
-
-
 def _extra(command_line: str | None, model_path: str | None) -> dict:
     """The parts of a bundle that the command line gives: the parsed command, and the model's GGUF header when
     ``--model`` names a file or the command's ``-m`` names one that exists here."""
@@ -113,17 +93,15 @@ def _extra(command_line: str | None, model_path: str | None) -> dict:
 def _diagnose(fh, command_line: str | None, model_path: str | None = None,
               explain: bool = False, source: str = "the input") -> tuple[dict, dict | None, object | None]:
     """The diagnosis, the bundle (None for a raw log) and the log's facts (None for a bundle)."""
-    head = fh.read(64 * 1024)
-    why = not_a_log(head)
-    if why:
-        raise InputError(f"nothing to analyze in {source}: {why}")
+    head = fh.read(HEAD_BYTES)
+    refuse(head, source)
     if head.lstrip().startswith(b"{"):
         bundle = _as_bundle(head, fh)
         if bundle is not None:
             bundle.update(_extra(command_line, model_path))
             return analyze(bundle, explain), bundle, None
         fh.seek(0)
-        head = fh.read(64 * 1024)
+        head = fh.read(HEAD_BYTES)
     name = getattr(fh, "name", None)
     if isinstance(name, str) and os.path.isfile(name):
         facts = parse_file(name)  # hyperscan / grep prefilter, runs parsed once: big logs at near grep speed

@@ -37,6 +37,17 @@ class _MiB(click.ParamType):
         return number
 
 
+def _command_line(ctx, param, value: str | None) -> str | None:
+    """``--command``: a shell line that splits (a quote left open is an input error, not a guess)."""
+    if value is not None:
+        from kvreport.cmdline import quote_problem
+
+        problem = quote_problem(value)
+        if problem:
+            raise KvreportError(f"--command: {problem}")
+    return value
+
+
 def _fail(message: str, code: int = 2) -> None:
     click.echo(f"kvreport: error: {message}", err=True)
     sys.exit(code)
@@ -103,7 +114,8 @@ def _collect_options(f):
     opts = [
         click.option("--log", "log_path", type=click.Path(dir_okay=False, allow_dash=True),
                      help="Engine log file to read ('-' for stdin)."),
-        click.option("--command", "command_line", help="The engine command line as you typed it."),
+        click.option("--command", "command_line", callback=_command_line,
+                     help="The engine command line as you typed it."),
         click.option("--model", "model_path", type=click.Path(dir_okay=False),
                      help="GGUF model file (only its header is read)."),
         click.option("-o", "--output", "output", type=click.Path(dir_okay=False),
@@ -148,7 +160,8 @@ def run(cmd, **opts) -> None:
 @main.command(context_settings=CONTEXT_SETTINGS)
 @click.argument("path", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--json", "as_json", is_flag=True, help="Print the diagnosis JSON.")
-@click.option("--command", "command_line", help="The command line that produced the log, if known.")
+@click.option("--command", "command_line", callback=_command_line,
+              help="The command line that produced the log, if known.")
 @click.option("--model", "model_path", type=click.Path(dir_okay=False),
               help="The GGUF model file, if the log does not print its shape (KV per token, largest -c that fits).")
 @click.option("--explain", is_flag=True,

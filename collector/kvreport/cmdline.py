@@ -548,6 +548,56 @@ def _split_words(text: str, windows: bool) -> list[str]:
     return text.split()
 
 
+def _open_quote(text: str) -> int | None:
+    """Where the quote that ``text`` (a POSIX shell line) never closes opens, or None, read as :func:`_split` reads
+    it (``shlex``): a backslash escapes the next character outside single quotes, a ``#`` outside quotes starts
+    a comment up to the end of the line."""
+    quote, opened, i = None, None, 0
+    while i < len(text):
+        ch = text[i]
+        if quote is None:
+            if ch == "#":
+                nl = text.find("\n", i)
+                i = len(text) if nl < 0 else nl
+                continue
+            if ch == "\\":
+                i += 1
+            elif ch in "\"'":
+                quote, opened = ch, i
+        elif ch == "\\" and quote == '"':
+            i += 1
+        elif ch == quote:
+            quote = None
+        i += 1
+    return opened if quote is not None else None
+
+
+def quote_problem(line: str) -> str | None:
+    """Why the shell line ``line`` cannot be split as typed (a quote never closed, a trailing backslash), in a
+    few words for a one-line error; None when it splits. :func:`parse_command` itself never fails: it closes
+    the quote at the end of the line, which is right for a pasted log but not for a command the user gives."""
+    cleaned, windows = _clean_line(line)
+    text, _found = _protect(cleaned)
+    if windows:  # cmd.exe and PowerShell quote with "; an apostrophe is a letter (C:\\Users\\O'Brien)
+        at = text.rfind('"') if text.count('"') % 2 else None
+    else:
+        try:
+            lex = shlex.shlex(text, posix=True, punctuation_chars="();<>|&\n")
+            lex.whitespace = " \t\r"
+            lex.whitespace_split = True
+            list(lex)
+            return None
+        except ValueError:
+            at = _open_quote(text)
+    if at is None:
+        return None if windows else "a backslash at the end escapes nothing"
+    rest = " ".join(text[at + 1:].split())
+    shown = _restore(rest if len(rest) <= 40 else rest[:40] + "…", _found)
+    if not shown:
+        return f"unbalanced quote: nothing closes the {text[at]} at the end of the line"
+    return f"unbalanced quote: nothing closes the {text[at]} opened before: {shown}"
+
+
 def _segments(tokens: list[str]) -> list[list[str]]:
     segs: list[list[str]] = [[]]
     skip_next = False

@@ -10,7 +10,10 @@ An entry says how kvreport recognises the engine and reads it:
 * ``parser``: the module of :mod:`kvreport.logs` that reads its log (None: only the failure layer,
   :mod:`kvreport.logs.oom`, reads it);
 * ``fix_family``: the rows of :data:`kvreport.fixes.RULES` that apply (its knobs);
-* ``devices``: how its logs name devices (documentation for the parsers).
+* ``devices``: how its logs name devices (documentation for the parsers);
+* ``settings``: its memory settings in its own words (:class:`Setting`: ``-c`` for llama.cpp, ``num_ctx`` and
+  ``OLLAMA_NUM_PARALLEL`` for Ollama, ``--max-model-len`` for vLLM), keyed by the :data:`SETTINGS` they set, with
+  the flags of :func:`kvreport.cmdline.parse_command` that hold their values (the issue body's Environment rows).
 
 :data:`kvreport.vocab.ENGINES` and the titles, :mod:`kvreport.cmdline`'s program / module / image tables,
 :mod:`kvreport.logs`' parser list and engine decision, and :func:`kvreport.fixes.family_of` are derived from
@@ -21,6 +24,25 @@ An entry says how kvreport recognises the engine and reads it:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+SETTINGS = ("context", "parallel", "cache_types", "gpu_layers", "flash_attention", "memory_fraction", "split")
+"""What the memory settings of an engine set, in the order they are shown."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One memory setting of an engine: ``what`` of :data:`SETTINGS` it sets, ``word`` as the engine's users write
+    it, ``keys`` the ``parse_command`` flags holding its value(s), ``default`` the engine's value when unset
+    (only when certain)."""
+
+    what: str
+    word: str
+    keys: tuple[str, ...]
+    default: str | None = None
+
+
+def _settings(*rows: tuple) -> tuple[Setting, ...]:
+    return tuple(Setting(what, word, tuple(keys.split()), *default) for what, word, keys, *default in rows)
 
 
 @dataclass(frozen=True)
@@ -37,6 +59,11 @@ class Engine:
     images: tuple[tuple[str, str], ...] = ()
     parser: str | None = None
     devices: str = ""
+    settings: tuple[Setting, ...] = ()
+
+    def setting(self, what: str) -> Setting | None:
+        """The setting of this engine that sets ``what`` (of :data:`SETTINGS`), or None."""
+        return next((s for s in self.settings if s.what == what), None)
 
 
 REGISTRY: tuple[Engine, ...] = (
@@ -47,22 +74,51 @@ REGISTRY: tuple[Engine, ...] = (
                                                         ("llamacpp", "llama-server"), ("llama_cpp", "llama-server")),
            parser="llamacpp",
            devices="ggml names: CUDA0, ROCm0, MUSA0, Vulkan0, MTL0/Metal, SYCL0, CANN0, OPENVINO0, CPU; host buffers "
-                   "<backend>_Host; 'Device 0: NVIDIA ...' and 'using device CUDA0 (...) - N MiB free' lines"),
+                   "<backend>_Host; 'Device 0: NVIDIA ...' and 'using device CUDA0 (...) - N MiB free' lines",
+           settings=_settings(("context", "-c", "n_ctx"), ("parallel", "-np", "n_parallel"),
+                              ("cache_types", "-ctk / -ctv", "cache_type_k cache_type_v", "f16"),
+                              ("gpu_layers", "-ngl", "n_gpu_layers"), ("flash_attention", "-fa", "flash_attn"),
+                              ("split", "-sm / -ts", "split_mode tensor_split"))),
     Engine("ollama", "Ollama", "ollama", "llama.cpp-family", programs=("ollama",), subcommand=True,
            images=(("ollama", "ollama"),), parser="ollama",
            devices="inventory lines msg=\"inference compute\" id=GPU-... library=CUDA|ROCm|Metal; its runner prints "
-                   "llama.cpp's ggml names"),
+                   "llama.cpp's ggml names",
+           # num_ctx / num_gpu: the model options (Modelfile PARAMETER, request options) whose server-wide defaults
+           # are OLLAMA_CONTEXT_LENGTH / OLLAMA_NUM_GPU, the variables parse_command reads
+           settings=_settings(("context", "num_ctx", "context_length"), ("parallel", "OLLAMA_NUM_PARALLEL", "num_parallel"),
+                              ("cache_types", "OLLAMA_KV_CACHE_TYPE", "kv_cache_type", "f16"),
+                              ("gpu_layers", "num_gpu", "num_gpu"),
+                              ("flash_attention", "OLLAMA_FLASH_ATTENTION", "flash_attention"),
+                              ("split", "OLLAMA_SCHED_SPREAD", "sched_spread"))),
     Engine("vllm", "vLLM", "py", "python", programs=("vllm",), subcommand=True, modules=("vllm",),
-           images=(("vllm", "vllm"),), parser="vllm", devices="torch devices: cuda:0, xpu:0, hpu:0"),
+           images=(("vllm", "vllm"),), parser="vllm", devices="torch devices: cuda:0, xpu:0, hpu:0",
+           settings=_settings(("context", "--max-model-len", "max_model_len"),
+                              ("parallel", "--max-num-seqs", "max_num_seqs"),
+                              ("cache_types", "--kv-cache-dtype", "kv_cache_dtype", "auto"),
+                              ("memory_fraction", "--gpu-memory-utilization", "gpu_memory_utilization"),
+                              ("split", "-tp / -pp", "tensor_parallel_size pipeline_parallel_size"))),
     Engine("sglang", "SGLang", "py", "python", programs=("sglang",), subcommand=True, modules=("sglang",),
-           images=(("sglang", "sglang"),), parser="sglang", devices="torch devices; ranks [TP0] / TP0 EP0"),
+           images=(("sglang", "sglang"),), parser="sglang", devices="torch devices; ranks [TP0] / TP0 EP0",
+           settings=_settings(("context", "--context-length", "context_length"),
+                              ("parallel", "--max-running-requests", "max_running_requests"),
+                              ("cache_types", "--kv-cache-dtype", "kv_cache_dtype", "auto"),
+                              ("memory_fraction", "--mem-fraction-static", "mem_fraction_static"),
+                              ("split", "--tp-size", "tp_size"))),
     Engine("tgi", "TGI", "py", "python", programs=("text-generation-launcher", "text-generation-server"),
            modules=("text_generation",), images=(("text-generation-inference", "text-generation-launcher"),),
-           parser="tgi", devices="shard ranks; torch devices"),
+           parser="tgi", devices="shard ranks; torch devices",
+           settings=_settings(("context", "--max-total-tokens", "max_total_tokens"),
+                              ("parallel", "--max-concurrent-requests", "max_concurrent_requests"),
+                              ("memory_fraction", "--cuda-memory-fraction", "cuda_memory_fraction"),
+                              ("split", "--num-shard", "num_shard"))),
     Engine("lmdeploy", "LMDeploy", "py", "python", programs=("lmdeploy",), subcommand=True, modules=("lmdeploy",),
-           images=(("lmdeploy", "lmdeploy"),), devices="TurboMind [TM] lines; torch devices"),
+           images=(("lmdeploy", "lmdeploy"),), devices="TurboMind [TM] lines; torch devices",
+           settings=_settings(("context", "--session-len", "session_len"),
+                              ("memory_fraction", "--cache-max-entry-count", "cache_max_entry_count"),
+                              ("split", "--tp", "tp"))),
     Engine("mlx-lm", "mlx-lm", "py", "mlx", programs=("mlx_lm.server", "mlx_lm.generate", "mlx_lm"),
-           program_prefixes=("mlx_lm.",), modules=("mlx_lm", "mlx_vlm"), devices="Apple GPU (Metal), one device"),
+           program_prefixes=("mlx_lm.",), modules=("mlx_lm", "mlx_vlm"), devices="Apple GPU (Metal), one device",
+           settings=_settings(("context", "--max-kv-size", "max_kv_size"))),
 )
 
 ENGINE_NAMES: tuple[str, ...] = tuple(e.name for e in REGISTRY)

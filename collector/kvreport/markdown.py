@@ -15,9 +15,11 @@ import re
 import click
 
 from kvreport import linre
+from kvreport.devices import all_devices, device_label
+from kvreport.engines import BY_NAME
 from kvreport.picture import memory_picture, text_bars
 from kvreport.textsafe import visible_controls
-from kvreport.vocab import what_failed
+from kvreport.vocab import SETTING_TITLE, what_failed
 
 FENCE = "```"
 
@@ -117,7 +119,33 @@ def issue_title(bundle: dict, diagnosis: dict) -> str:
     return " ".join(parts)
 
 
-def _environment_rows(bundle: dict) -> list[tuple[str, object]]:
+def _setting_rows(engine_name: str | None, flags: dict) -> list[tuple[str, object]]:
+    """The engine's memory settings in its own words (kvreport.engines: ``Context (-c)``, ``Context (num_ctx)``,
+    ``Parallel (OLLAMA_NUM_PARALLEL)``), their values from the command; an unknown engine reads as llama.cpp."""
+    engine = BY_NAME.get(engine_name or "") or BY_NAME["llama.cpp"]
+    rows = []
+    for setting in engine.settings:
+        values = [flags.get(k) for k in setting.keys]
+        if setting.default is not None:
+            values = [f"{setting.default} (default)" if v is None else v for v in values]
+        shown = " / ".join(str(v) for v in values if v is not None) or None
+        rows.append((f"{SETTING_TITLE[setting.what]} ({setting.word})", shown))
+    return rows
+
+
+def _gpu_rows(bundle: dict) -> list[tuple[str, object]]:
+    """One ``GPU`` row per accelerator the probes measured or the log names (``CUDA0: NVIDIA GeForce RTX 3060``,
+    its size when known)."""
+    rows = []
+    for dev in all_devices(bundle):
+        label = device_label(dev)
+        if dev.get("total_mib") is not None:
+            label += f" ({_fmt_mib(dev['total_mib'])})"
+        rows.append(("GPU", label))
+    return rows
+
+
+def _environment_rows(bundle: dict, engine_name: str | None = None) -> list[tuple[str, object]]:
     engine = bundle.get("engine") or {}
     host = bundle.get("host") or {}
     command = bundle.get("command") or {}
@@ -139,25 +167,19 @@ def _environment_rows(bundle: dict) -> list[tuple[str, object]]:
     ram = None
     if host.get("ram_total_mib") is not None:
         ram = f"{_fmt_mib(host['ram_total_mib'])} total, {_fmt_mib(host.get('ram_free_mib'))} free"
-    rows = [
-        ("Engine", engine.get("name")),
+    name = engine.get("name") or command.get("engine") or engine_name
+    return [
+        ("Engine", name),
         ("Version", version),
         ("Binary", binary),
         ("Build", " ".join(str(x) for x in (engine.get("compiler"), engine.get("target")) if x) or None),
         ("OS", os_line or None),
         ("CPU", host.get("cpu_model")),
+        *_gpu_rows(bundle),
         ("RAM", ram),
         ("Model", model.get("file_name")),
-        ("Context (-c)", flags.get("n_ctx")),
-        ("Parallel (-np)", flags.get("n_parallel")),
-        ("Cache types (-ctk / -ctv)", f"{flags.get('cache_type_k', 'f16 (default)')} / "
-                                       f"{flags.get('cache_type_v', 'f16 (default)')}"),
-        ("GPU layers (-ngl)", flags.get("n_gpu_layers")),
-        ("Flash attention (-fa)", flags.get("flash_attn")),
-        ("Split mode / tensor split", " / ".join(str(x) for x in (flags.get("split_mode"),
-                                                                    flags.get("tensor_split")) if x) or None),
+        *_setting_rows(name, flags),
     ]
-    return rows
 
 
 def _device_rows(bundle: dict) -> list[str]:
@@ -196,6 +218,20 @@ def _log_excerpt(bundle: dict, diagnosis: dict, max_lines: int | None) -> tuple[
     return "\n".join(texts), False
 
 
+def _failure_line(failure: dict) -> str:
+    """``Phase: `kv_cache`; backend: `cuda`; failing device: `CUDA0`; verdict: `exceeds_free```; a fact the
+    diagnosis lacks is left out, a failure on no named device says so."""
+    parts = [f"{what}: {_code(failure[key])}" for what, key in (("Phase", "phase"), ("backend", "backend"))
+             if failure.get(key) is not None]
+    if failure.get("failing_device") is not None:
+        parts.append(f"failing device: {_code(failure['failing_device'])}")
+    elif (failure.get("phase") or "none") != "none":
+        parts.append("failing device: not named in the log")
+    if failure.get("verdict") is not None:
+        parts.append(f"verdict: {_code(failure['verdict'])}")
+    return "; ".join(parts)
+
+
 def issue_body(bundle: dict, diagnosis: dict, url: str | None = None, max_log_lines: int | None = 400) -> str:
     """The Markdown body of a GitHub issue for ``bundle`` and its ``diagnosis``.
 
@@ -219,9 +255,7 @@ def issue_body(bundle: dict, diagnosis: dict, url: str | None = None, max_log_li
     out.append("")
     out.append(f"**{_text(issue_title(bundle, diagnosis))}**")
     out.append("")
-    verdict = failure.get("verdict")
-    out.append(f"- Phase: {_code(failure.get('phase'))}; backend: {_code(failure.get('backend'))}; "
-               f"failing device: {_code(failure.get('failing_device'))}; verdict: {_code(verdict)}")
+    out.append("- " + _failure_line(failure))
     if failure.get("requested_mib") is not None:
         out.append(f"- Requested: {_fmt_mib(failure.get('requested_mib'))}; free on that device: "
                    f"{_fmt_mib(failure.get('free_mib'))}")
@@ -266,7 +300,7 @@ def issue_body(bundle: dict, diagnosis: dict, url: str | None = None, max_log_li
     out.append("")
     out.append("| | |")
     out.append("|---|---|")
-    for key, value in _environment_rows(bundle):
+    for key, value in _environment_rows(bundle, diagnosis.get("engine")):
         out.append(f"| {key} | {_cell(value)} |")  # keys are ours
     devices = _device_rows(bundle)
     if devices:

@@ -35,8 +35,17 @@ ip                 IPv4 and IPv6 addresses except loopback and unspecified    ``
 user               this machine's user names (passed in), and the user of a    ``<user>``
                    shell prompt (``alice@box:~$``)
 host               this machine's host names (passed in), a prompt's host,     ``<host>``
-                   and the host field of journalctl/syslog lines
-                   (``Jul 07 02:07:26 gpubox ollama[12]: …``)
+                   the host field of journalctl/syslog lines
+                   (``Jul 07 02:07:26 gpubox ollama[12]: …``), and private host
+                   names (:mod:`kvreport.hostnames`): a URL's host
+                   (``http://gpubox:11434``), a host setting's value
+                   (``OLLAMA_HOST=gpubox:11434``, ``--host gpubox``,
+                   ``remote=db.acme.io``), a dotted name ending in a host TLD
+                   (``gpubox.internal.acme.io``); public hosts stay
+                   (``huggingface.co``, ``github.com``, ``registry.ollama.ai``…)
+gpu_uuid           GPU UUIDs: NVIDIA's ``GPU-xxxxxxxx-xxxx-…`` and MIG's       ``<gpu-uuid-N>``
+                   ``MIG-…`` (also cut short: ``GPU-5a1f2b3c…``), ROCm's
+                   ``GPU-`` and 16 hex digits
 =================  ==========================================================  ===============
 
 **Secret names** (:func:`is_secret_key`). A name is split into words (``_``, ``-``, ``.``,
@@ -80,9 +89,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvreport import linre
+from kvreport.hostnames import HOST_TLDS, has_host_tld, is_host_setting, is_public
+from kvreport.hostnames import METAVARS as _HOST_METAVARS
 
 SECRET_KINDS = ("url_credentials", "authorization", "secret_flag", "secret_env", "token")
-IDENTITY_KINDS = ("email", "home", "ip", "user", "host")
+IDENTITY_KINDS = ("email", "home", "ip", "user", "host", "gpu_uuid")
 
 # --- secret names ---------------------------------------------------------------------------------
 
@@ -207,7 +218,7 @@ _NUMBER = linre.compile(r"[+-]?[0-9]+(?:\.[0-9]+)?")
 # ours, tokenizer tokens (<s>, </s>, <unk>, <|eot_id|>) and documentation placeholders (<your token>, <API_KEY>)
 _ANY_PLACEHOLDER = linre.compile(
     r"<(?:/?[A-Za-z]{1,4}|\|[^<>|]*\||[^<>]*(?:\s|your|token|key|secret|password|here)[^<>]*)>", "i")
-_PLACEHOLDER = linre.compile(r"<(?:token|credentials|home|user|host|ip-[0-9]+|email-[0-9]+)>")
+_PLACEHOLDER = linre.compile(r"<(?:token|credentials|home|user|host|ip-[0-9]+|email-[0-9]+|gpu-uuid-[0-9]+)>")
 
 
 def _is_mask(v: str) -> bool:
@@ -374,6 +385,38 @@ _PRODUCT_WORD = linre.compile(
     r"[\s=(\[]*$", "i")
 _PRIVATE_NETS = tuple(ipaddress.ip_network(n) for n in ("192.168.0.0/16", "172.16.0.0/12", "169.254.0.0/16",
                                                         "100.64.0.0/10"))
+# Host names (kvreport.hostnames). A name is the whole dotted run: it neither starts after a word
+# character, "." or "-" nor ends before one (nor before "(": ``x.to(device)`` is a call), so a part of
+# ``vllm.engine.llm_engine`` or ``libggml-cuda.so.1`` is never one. A path component (after "/") is no
+# host, but the one after "//" is, and so is a UNC path's (``\\fs.corp.acme.com\share``), and one after
+# a URL-encoded "/" or "@" (``?url=https%3A%2F%2Fdb.acme.io``).
+# Labels are not bounded to 63 characters here: counted repetitions make RE2's automaton large and slow, and
+# a longer "label" is no more identifying. The TLD alternation keeps the candidates to real host-like names.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_HOST_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?"
+_HOST_END = r"$|[^\w\x01.(-]|\.(?:$|[^\w\x01-])"
+_TLD_ALT = "|".join(sorted(HOST_TLDS, key=lambda t: (-len(t), t)))
+_FQDN = linre.compile(r"(?P<host>" + _LABEL + r"(?:\." + _LABEL + r")*\.(?i:" + _TLD_ALT + "))",
+                      before=r"^|[^\w\x01./\\%-]|//|\\\\|%2[Ff]|%40", after=_HOST_END)
+# a URL's host, after the scheme and any user info (``https://<credentials>@proxy.acme.io:3128/``)
+_URL_HOST = linre.compile(r"(?P<pre>[A-Za-z][A-Za-z0-9+.-]*://(?:[^\s/@\"'`]*@)?)(?P<host>" + _HOST_NAME + ")",
+                          before=_NOT_WORD, after=_HOST_END)
+# the value of a setting (``OLLAMA_HOST=``, ``"host": "``, ``--host ``, ``remote=``) whose name says it is a host
+# (the name ends in one of these words; kvreport.hostnames.is_host_setting judges it)
+_HOST_WORD = r"(?i:host|hostname|addr|remote)"
+_HOST_SETTING = linre.compile(
+    r"(?P<pre>(?:--(?P<flag>(?:[A-Za-z][A-Za-z0-9_-]*)?" + _HOST_WORD + r")(?:[ \t]*=[ \t]*|[ \t]+)"
+    r"|(?P<name>(?:[A-Za-z_][A-Za-z0-9_]*)?" + _HOST_WORD + r")[\"']?[ \t]*[=:][ \t]*)[\"']?)"
+    r"(?P<host>" + _HOST_NAME + ")",
+    before=r"^|[^\w\x01-]", after=_HOST_END)
+_HOST_VALUE = linre.compile(r"(?P<pre>[\"']?)(?P<host>" + _HOST_NAME + ")", after=_HOST_END)
+_HOST_HINT = linre.compile(r"host|addr|remote", "i")
+_HEX = linre.compile(r"[0-9a-f]+")
+_HOST_WORDS_HINT = ("host", "addr", "remote")
+# NVIDIA GPU and MIG UUIDs (nvidia-smi -L, CUDA_VISIBLE_DEVICES, Ollama's id=GPU-…), whole or cut short,
+# and ROCm's GPU-<16 hex digits>
+_GPU_UUID = linre.compile(r"(?:MIG-(?:GPU-)?|GPU-)[0-9A-Fa-f]{8}(?:[0-9A-Fa-f]{8})?(?:-[0-9A-Fa-f]{1,12}){0,4}",
+                          before=r"^|[^\w\x01-]", after=r"$|[^\w\x01]")
 _KEEP_IPS = {"127.0.0.1", "0.0.0.0", "255.255.255.255", "::1", "::"}
 _COMMON_NAMES = {
     # generic account and machine names: not identifying, and frequent words in engine logs, so
@@ -500,6 +543,39 @@ def _version_before(text: str, start: int, ip: str) -> bool:
     return False
 
 
+def _private_authority(host: str) -> bool:
+    """Whether the host of a URL or of a host setting is a private name (not an address, not public, not generic)."""
+    name = host.rstrip(".")
+    if not any(c.isalpha() for c in name) or name.lower() in _COMMON_NAMES or is_public(name):
+        return False
+    return True
+
+
+def _private_dotted(host: str) -> bool:
+    """Whether a dotted name found anywhere is a private host: a host TLD, a letter before it (``0.6.4.dev`` is a
+    version), not public."""
+    labels = host.rstrip(".").split(".")
+    return has_host_tld(host) and any(c.isalpha() for label in labels[:-1] for c in label) and not is_public(host)
+
+
+def _private_setting_value(host: str) -> bool:
+    """A host setting's value is a private name: not a word that stands for one (``host:port``), not a number
+    (``addr=0x215603fc8``, a Go panic's address)."""
+    low = host.lower()
+    if len(host) < 2 or low in _NON_VALUES or low in _HOST_METAVARS or (low.startswith("0x") and _HEX.fullmatch(low[2:])):
+        return False
+    return _private_authority(host)
+
+
+def _private_setting(m: linre.Match, host: str) -> bool:
+    """A host setting's value (``OLLAMA_HOST=gpubox``): the name says host, the value is a private name and not
+    a URL's scheme (``OLLAMA_HOST:http://…``, whose host the URL rule judges)."""
+    name = m.group("flag") or m.group("name")
+    if not is_host_setting(_words(name)) or m.string[m.end("host"):m.end("host") + 3] == "://":
+        return False
+    return _private_setting_value(host)
+
+
 _CURL_PROGS = {"curl", "wget"}
 _MYSQL_PROGS = {"mysql", "mysqldump", "mysqladmin", "mysqlimport", "mysqlcheck", "mysqlsh", "mysqlpump", "mysqlslap",
                 "mariadb", "mariadb-dump", "mariadb-admin"}
@@ -589,7 +665,7 @@ class Redactor:
 
     def __init__(self, user_names: Iterable[str] = (), host_names: Iterable[str] = ()):
         self.counts: Counter[str] = Counter()
-        self._numbered: dict[str, dict[str, str]] = {"ip": {}, "email": {}}
+        self._numbered: dict[str, dict[str, str]] = {"ip": {}, "email": {}, "gpu-uuid": {}}
         users = {u for u in user_names if u and len(u) >= 3 and u.lower() not in _COMMON_NAMES and not u.isdigit()}
         hosts = set()
         for h in host_names:
@@ -779,11 +855,50 @@ class Redactor:
 
         text = _SYSLOG.sub(syslog, text)
         text = self._redact_ips(text)
+        if "GPU-" in text or "MIG-" in text:
+            text = _GPU_UUID.sub(self._gpu_uuid, text)
+        text = self._redact_host_names(text)
         for regex, kind in ((self._user_re, "user"), (self._host_re, "host")):
             if regex is not None:
                 text, n = _sub_words(regex, text, kind)
                 self.counts[kind] += n
         return text
+
+    def _gpu_uuid(self, m: linre.Match) -> str:
+        self.counts["gpu_uuid"] += 1
+        key = m.group().lower()
+        return self._numbered_placeholder("gpu-uuid", key[4:] if key.startswith("mig-gpu-") else key)  # its GPU's
+
+    def _sub_host(self, regex: linre.Pattern, text: str, private) -> str:
+        """The group ``host`` of each match of ``regex`` replaced by ``<host>`` where ``private(match, host)``."""
+
+        def repl(m: linre.Match) -> str:
+            host = m.group("host")
+            if not private(m, host):
+                return m.group(0)
+            self.counts["host"] += 1
+            whole, start = m.group(0), m.start()
+            return whole[:m.start("host") - start] + "<host>" + whole[m.end("host") - start:]
+
+        return regex.sub(repl, text)
+
+    def _redact_host_names(self, text: str) -> str:
+        """Private host names (:mod:`kvreport.hostnames`): URL hosts, host settings' values, dotted names."""
+        if "://" in text:
+            text = self._sub_host(_URL_HOST, text, lambda m, host: _private_authority(host))
+        if _hinted(text, _HOST_WORDS_HINT, _HOST_HINT):
+            text = self._sub_host(_HOST_SETTING, text, _private_setting)
+        if "." in text:
+            text = self._sub_host(_FQDN, text, lambda m, host: _private_dotted(host))
+        return text
+
+    def redact_host_value(self, value: str) -> str:
+        """The value of a host setting (``gpubox:11434``, ``db.acme.io``), its host replaced when private."""
+        m = _HOST_VALUE.match(value)
+        if m is None or value[m.end("host"):m.end("host") + 3] == "://" or not _private_setting_value(m.group("host")):
+            return value
+        self.counts["host"] += 1
+        return value[:m.start("host")] + "<host>" + value[m.end("host"):]
 
     def _redact_pem(self, text: str) -> str:
         """PEM private-key blocks: from ``-----BEGIN … PRIVATE KEY-----`` to the next ``-----END …-----``
@@ -901,6 +1016,8 @@ class Redactor:
             self.counts["secret_env" if key.isupper() else "secret_flag"] += 1
             return "<token>"
         if isinstance(obj, str):
+            if key is not None and is_host_setting(_words(key)):  # {"OLLAMA_HOST": "gpubox:11434"}
+                obj = self.redact_host_value(obj)
             return self.redact_text(obj)
         if isinstance(obj, dict):
             return {k: self.redact_obj(v, k if isinstance(k, str) else None) for k, v in obj.items()}
@@ -916,6 +1033,8 @@ class Redactor:
         secret_next: str | None = None
         context = _argv_context(argv)
         for i, word in enumerate(argv):
+            if i and argv[i - 1].startswith("--") and is_host_setting(_words(argv[i - 1])):  # --host gpubox
+                word = self.redact_host_value(word)
             if i in context:
                 kind, replacement = context[i]
                 self.counts[kind] += 1
@@ -1008,7 +1127,7 @@ def find_secrets(obj: Any, kinds: Iterable[str] | None = None) -> list[tuple[str
     weak names (``"n_tokens": 512``, ``token = 1``) and the other non-secret values of the module
     docstring are not reported. Used by the server as a second pass over uploaded bundles.
     """
-    wanted = set(kinds) if kinds is not None else set(SECRET_KINDS) | {"email", "home", "ip"}
+    wanted = set(kinds) if kinds is not None else set(SECRET_KINDS) | {"email", "home", "ip", "host", "gpu_uuid"}
     found: list[tuple[str, str]] = []
     judge = Redactor()
 

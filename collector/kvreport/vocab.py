@@ -63,6 +63,11 @@ MESSAGE_SENTENCE = (
 """(phase, words of the engine's final message, sentence): a sharper sentence than the phase's when the message
 says more (vLLM's "No available memory for the cache blocks" is an empty pool, not a small one)."""
 
+SETTING_TITLE = {"context": "Context", "parallel": "Parallel", "cache_types": "Cache types", "gpu_layers": "GPU layers",
+                 "flash_attention": "Flash attention", "memory_fraction": "Memory fraction",
+                 "split": "Split across devices"}
+"""Titles of the memory settings (:data:`kvreport.engines.SETTINGS`; each engine's own word follows them)."""
+
 PYTHON_ENGINES = ("vllm", "sglang", "tgi")
 """Engines whose version kvreport reads from the Python packages of their interpreter (``probes.pyengines``)."""
 KV_PHASES = ("kv_cache", "kv_capacity")
