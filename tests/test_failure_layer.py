@@ -267,10 +267,10 @@ def test_an_engine_check_with_equal_rounded_figures_exceeds():
 
 def test_backend_words_are_words_not_substrings():
     """'cannot' is not CANN and 'relationship' not HIP; torch on ROCm names both CUDA and HIP, and HIP wins."""
-    from kvreport.logs.oom import _backend_of_words
+    from kvreport.logs.oom import backend_of_words
 
-    assert _backend_of_words("mmap failed: cannot allocate memory") is None
-    assert _backend_of_words("a relationship of ships") is None
-    assert _backend_of_words("torch.cuda.outofmemoryerror: hip out of memory.") == "rocm"
-    assert _backend_of_words("ggml-cann: npu:0 out of memory") == "cann"
-    assert _backend_of_words("vk::queue::submit: erroroutofdevicememory") == "vulkan"
+    assert backend_of_words("mmap failed: cannot allocate memory") is None
+    assert backend_of_words("a relationship of ships") is None
+    assert backend_of_words("torch.cuda.outofmemoryerror: hip out of memory.") == "rocm"
+    assert backend_of_words("ggml-cann: npu:0 out of memory") == "cann"
+    assert backend_of_words("vk::queue::submit: erroroutofdevicememory") == "vulkan"

@@ -47,6 +47,7 @@ import json
 from kvreport import fixes, strict
 from kvreport.logs import LogFacts, parse_log
 from kvreport.logs.common import MIB, to_float, to_int
+from kvreport.logs.oom import backend_of_words
 from kvreport.signature import signature
 from kvreport.units import BYTES_PER_VALUE, fmt_mib
 from kvreport.vocab import BACKEND_DEVICE_PREFIX, ENGINES, backend_of_device  # noqa: F401 - re-exported
@@ -630,6 +631,10 @@ class _Diagnosis:
             return {"xpu": "sycl", "tpu": "unknown"}.get(platform, platform)
         if names and all(backend_of_device(n) == "cpu" for n in names):
             return "cpu"
+        for line in reversed(f.error_lines or []):  # the error lines' own backend words ("vk::Queue::submit: ...")
+            b = backend_of_words(line.lower())
+            if b:
+                return b
         return "unknown"
 
     def _device_free(self, device: str | None, backend: str) -> float | None:

@@ -448,7 +448,7 @@ _BACKEND_OF = dict(_BACKEND_WORDS)
 _BACKEND_RANK = {w: i for i, (w, _) in enumerate(_BACKEND_WORDS)}
 
 
-def _backend_of_words(low: str) -> str | None:
+def backend_of_words(low: str) -> str | None:
     """The backend of the lower-cased line's backend words (:data:`_BACKEND_WORDS`; the earliest in that table wins:
     torch on ROCm says "torch.cuda.OutOfMemoryError: HIP out of memory"), or None."""
     words = {m.group(1) for m in _BACKEND_RX.finditer(low)}
@@ -502,14 +502,14 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         elif rule.id == "torch-oom":
             backend = {"CUDA": "cuda", "HIP": "rocm", "XPU": "sycl", "MPS": "metal", "NPU": "cann"}.get(m.group("be") or "CUDA")
         elif backend is None:
-            backend = _backend_of_words(line.lower())
+            backend = backend_of_words(line.lower())
         if rule.engine:  # a format only one engine prints names it
             f.engine_hints[rule.engine] += 2 if rule.engine != "llama.cpp" else 1
         f.add_event("oom", lineno, line, rule=rule.id, backend=backend, phase=rule.phase, engine=rule.engine,
                     generic=rule.generic, memory=rule.memory, py_stage=f.py_stage or None, **data)
         return
     if any(k in line for k in FATAL.keywords) and FATAL.pattern.search(line):
-        f.add_event("oom", lineno, line, rule=FATAL.id, backend=_backend_of_words(line.lower()), phase=None,
+        f.add_event("oom", lineno, line, rule=FATAL.id, backend=backend_of_words(line.lower()), phase=None,
                     engine=None, generic=True, memory=False)
 
 
