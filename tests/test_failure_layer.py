@@ -55,6 +55,13 @@ EXAMPLES = [
      "unknown"),
     ("lmstudio-load-failed", '"title": "Failed to load model",', None, "unknown"),
     ("radv-alloc", "radv/amdgpu: Failed to allocate a buffer:", "vulkan", "unknown"),
+    ("xla-resource-exhausted", "RuntimeError: Bad StatusOr access: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. "
+                               "Ran out of memory in memory space smem.", None, "unknown"),
+    ("memory-check-refused", "Prefill would require ~237.30 GB peak (current 156.05 GB + KV+SDPA 81.25 GB) but dynamic "
+                             "ceiling is 235.96 GB.", None, "memory_budget"),
+    ("kv-slot", "srv  update_slots: failed to decode the batch: KV cache is full - try increasing it via the context size, "
+                "i = 0, n_batch = 512, ret = 1", None, "kv_capacity"),
+    ("kv-slot", "init_batch: failed to prepare attention ubatches", None, "kv_capacity"),
     ("memory-check-refused", "ds4: GLM memory guard refused ctx=32768 compact_cap=32768 before GLM graph allocation",
      None, "memory_budget"),
     ("torch-oom-bare", "RuntimeError: CUDA driver error: out of memory", "cuda", "unknown"),

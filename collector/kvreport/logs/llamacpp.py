@@ -64,7 +64,9 @@ _CUDA_OOM = re.compile(r"allocating ([\d.]+) MiB on device (\d+): (cuda|hip|musa
 # some builds); 2023 builds printed "WARNING: failed to allocate N MB of pinned memory: out of memory"
 _PINNED = re.compile(r"(?:ggml_cuda_host_malloc: )?(?:warning: |WARNING: )?failed to allocate ([\d.]+) (?:MiB|MB) of "
                      r"pinned memory(?::\s*(.*))?")
-_VK_ALLOC = re.compile(r"Device memory allocation of size (\d+) failed")
+# ggml-vulkan: "Device memory allocation of size N failed" (ggml_vk_create_buffer) and, from ggml_vk_create_buffer_check,
+# "ggml_vulkan: Memory allocation of size N failed"
+_VK_ALLOC = re.compile(r"(?:Device m|ggml_vulkan: M)emory allocation of size (\d+) failed")
 _VK_ERR = re.compile(r"ggml_vulkan:\s*(.*(?:Error\w+|exceeds|No suitable memory).*)")
 _VK_PINNED = re.compile(r"ggml_vulkan: Failed to allocate pinned memory")
 # ggml-metal: "ggml_backend_metal_buffer_type_alloc_buffer: error: failed to allocate buffer, size = %8.2f MiB"
@@ -663,7 +665,7 @@ FAILURE_RULES: tuple[tuple[str, str | None, re.Pattern, Callable], ...] = (
     ("CUDA/HIP/MUSA malloc refused", "Malloc", _CUDA_OOM, _f_cuda_oom),
     ("pinned host memory (recoverable)", "pinned memory", _PINNED, _f_pinned),
     ("Vulkan pinned memory (recoverable)", "pinned memory", _VK_PINNED, _f_vk_pinned),
-    ("Vulkan device allocation", "Device memory allocation", _VK_ALLOC, _f_vk_alloc),
+    ("Vulkan device allocation", "emory allocation of size", _VK_ALLOC, _f_vk_alloc),
     ("Vulkan error", "ggml_vulkan", _VK_ERR, _f_vk_err),
     ("backend buffer type refused", "alloc_buffer", _BACKEND_ALLOC, _f_backend_alloc),
     ("CPU aligned malloc", "ggml_aligned_malloc", _ALIGNED, _f_aligned),

@@ -318,10 +318,15 @@ RULES: tuple[OomRule, ...] = (
     # -- the KV cache is full at run time: llama.cpp llama_decode "failed to find KV cache slot for ubatch of size N"
     #    (2024), "failed to find a memory slot for batch of size N" (2025+), the server's "failed to find free space
     #    in the KV cache"; Ollama's runner "could not find a kv cache slot"
-    OomRule("kv-slot", ("KV cache slot", "kv cache slot", "memory slot for", "free space in the KV cache"),
-            re.compile(r"(?i:failed to find (?:a )?(?:kv cache slot|memory slot for (?:u?batch)|free space in the kv cache))"),
-            None, "llama.cpp llama_decode (llama-context.cpp) / llama-server update_slots", phase="kv_capacity",
-            engine="llama.cpp"),
+    OomRule("kv-slot", ("KV cache slot", "kv cache slot", "memory slot for", "free space in the KV cache",
+                        "failed to prepare attention ubatches", "KV cache is full", "too big compared to KV size",
+                        "Context size has been exceeded", "context size has been exceeded"),
+            re.compile(r"(?i:failed to find (?:a )?(?:kv cache slot|memory slot for (?:u?batch)|free space in the kv cache)"
+                       r"|failed to prepare attention ubatches|kv cache is full|too big compared to kv size"
+                       r"|context size has been exceeded)"),
+            None, "llama.cpp llama_decode (llama-context.cpp), the hybrid memory's init_batch (llama-memory-hybrid.cpp), "
+            "llama-server update_slots ('failed to decode the batch: KV cache is full', 'Input prompt is too big "
+            "compared to KV size', 'Context size has been exceeded')", phase="kv_capacity", engine="llama.cpp"),
     OomRule("kv-slot-ollama", ("could not find a kv cache slot", "could not find a KV cache slot"),
             re.compile(r"(?i:could not find a kv cache slot)"), None, "Ollama runner kvcache/causal.go (2024-2026)",
             phase="kv_capacity", engine="ollama"),
@@ -334,8 +339,9 @@ RULES: tuple[OomRule, ...] = (
             engine="llama.cpp"),
     # -- an engine's own memory check refused to go on, in words no parser knows ("memory guard refused ctx=32768",
     #    "memory check failed"): the engine's budget, not an allocation
-    OomRule("memory-check-refused", ("memory guard", "memory check", "memory budget"),
-            re.compile(r"(?i:memory (?:guard|check|budget)\w*\W{1,3}(?:\w+\W+){0,2}?(?:refused|failed|exceeded))"),
+    OomRule("memory-check-refused", ("memory guard", "memory check", "memory budget", "would require"),
+            re.compile(r"(?i:memory (?:guard|check|budget)\w*\W{1,3}(?:\w+\W+){0,2}?(?:refused|failed|exceeded)"
+                       r"|would require\W{1,3}~?[\d.]+\s*[KMGT]i?B.{0,160}?\bbut\b.{0,80}?(?:ceiling|limit|budget|available))"),
             None, "engines' own pre-allocation checks (wording varies; format not fully known)", phase="memory_budget",
             generic=True),
     # -- FlashInfer's fixed attention workspace (vLLM, SGLang): include/flashinfer/allocator.h AlignedAllocator
@@ -353,6 +359,11 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"not enough Metal memory for KV cache"), "metal",
             "vllm-project/vllm-metal worker (_validate_paged_attention_plan)", phase="memory_budget", engine="vllm",
             read=lambda m: _metal_plan(m.string)),
+    # -- XLA (TPU; JAX / PyTorch-XLA under vLLM): absl status RESOURCE_EXHAUSTED with XLA's memory words
+    OomRule("xla-resource-exhausted", ("RESOURCE_EXHAUSTED",),
+            re.compile(r"RESOURCE_EXHAUSTED\b.{0,300}?(?:[Oo]ut of memory|Attempting to reserve|[Aa]llocat|memory space)"),
+            None, "XLA / absl status RESOURCE_EXHAUSTED ('Ran out of memory in memory space hbm/smem', 'Attempting to "
+            "reserve N at the bottom of memory')"),
     # -- failures that are not about memory, in formats no engine parser reads (phase unknown, no memory fix)
     OomRule("lmdeploy-session-len", ("run out of tokens",), re.compile(r"run out of tokens\. session_id="), None,
             "lmdeploy serve/async_engine.py: the prompt plus max_new_tokens exceed --session-len (a refused request)",
@@ -414,12 +425,15 @@ FATAL = OomRule(
     "fatal-words", ("panic: ", "Traceback", "terminate called", "Segmentation fault", "core dumped", "Aborted", "FATAL",
                     "atal error", "GGML_ASSERT", "ggml_abort", "exit status", "exited with", "level=ERROR",
                     "ShardCannotStart", "failed to start", "Error: ", "Exception: ", "error: ", "CUDA error",
-                    "SYCL error", "CANN error", "HIP error", "illegal memory access"),
+                    "SYCL error", "CANN error", "HIP error", "illegal memory access", "has crashed", "Exit code:",
+                    ")[0x"),
     re.compile(r"panic: |Traceback \(most recent call last\)|terminate called after throwing|Segmentation fault|"
                r"core dumped|\bAborted\b|\bFATAL\b|[Ff]atal error|GGML_ASSERT|ggml_abort|exit status -?\d|"
                r"exited with (?:code|status) -?[1-9]|level=ERROR|ShardCannotStart|failed to start|"
                r"^(?:\S+ ){0,3}?\w*(?:Error|Exception): |^\W{0,3}error: |\b(?:CUDA|SYCL|CANN|HIP) error\b|"
-               r"illegal memory access"),
+               r"illegal memory access|\bhas crashed\b|\(Exit code: -?\d+\)"
+               # glibc backtrace_symbols: "/usr/lib/libllama.so(llama_decode+0xc)[0x7f15...]"
+               r"|\(\S*\+0x[0-9a-f]+\)\[0x[0-9a-f]+\]"),
     None, "the last line of a failure that is not (or not recognisably) about memory: panics, tracebacks, "
           "asserts, aborts, exit statuses", memory=False)
 """Not a memory rule: a failure line kvreport cannot tie to memory (phase ``unknown``, no memory fix)."""
