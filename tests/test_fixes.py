@@ -419,3 +419,12 @@ def test_fewer_gpu_layers_counts_from_the_layers_really_offloaded():
     assert by_log["change"] == {"--n-gpu-layers": 24}
     unknown = next(x for x in suggest(Situation(**base)) if x["id"] == "reduce-gpu-layers")
     assert unknown["change"] == {}
+
+
+def test_a_gate_missed_by_a_little_lowers_utilization_first():
+    """Free 30.12 GiB of 31.84 against 0.95 x 31.84 = 30.25: a slightly lower fraction is the fix that pastes."""
+    d = analyze_text("Free memory on device cuda:0 (30.12/31.84 GiB) on startup is less than desired GPU memory "
+                     "utilization (0.95, 30.25 GiB). Decrease GPU memory utilization or reduce GPU memory used by "
+                     "other processes.\n")
+    first = d["suggestions"][0]
+    assert first["id"] == "lower-gpu-memory-utilization" and first["change"]["--gpu-memory-utilization"] < 0.95

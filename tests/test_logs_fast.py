@@ -218,3 +218,13 @@ def test_a_device_line_wrapped_before_its_free_memory_is_joined():
     f = parse_log(["llama_model_load_from_file_impl: using device CUDA0 (NVIDIA GeForce RTX 4090) - ",
                    "23682 MiB free"])
     assert f.devices["CUDA0"]["free_mib"] == 23682.0
+
+
+def test_a_number_wrapped_off_its_parenthesis_is_joined():
+    """vLLM V0's capacity error pasted wrapped inside its bracket (vllm-project/vllm#7526)."""
+    from kvreport.analyze import analyze_text
+
+    d = analyze_text("ValueError: The model's max seq len (30000) is larger than the maximum number of tokens that can "
+                     "be stored in KV cache (\n3984). Try increasing `gpu_memory_utilization` or decreasing "
+                     "`max_model_len` when initializing the engine.\n")
+    assert (d["engine"], d["failure"]["phase"]) == ("vllm", "kv_capacity")

@@ -1262,6 +1262,14 @@ def vllm_gate_numbers(s: Situation) -> bool:
     return bool(gate.get("free_mib") and gate.get("total_mib"))
 
 
+def vllm_gate_near_miss(s: Situation) -> bool:
+    """vLLM's start-up gate missed by a little: the free memory is within 5 % of the device of what utilization x
+    total asked, so a slightly lower fraction starts the engine with nearly the same pool."""
+    gate = (s.vllm or {}).get("gate") or {}
+    free, total, want = gate.get("free_mib"), gate.get("total_mib"), gate.get("requested_mib")
+    return bool(free and total and want) and 0 < want - free <= 0.05 * total
+
+
 def negative_pool(s: Situation) -> bool:
     """vLLM's KV pool came out empty or negative: weights and activations took the whole budget."""
     avail = (s.vllm or {}).get("available_kv_mib")
@@ -1389,6 +1397,7 @@ RULES: tuple[Rule, ...] = (
     _r("smaller-model-or-quant", PYTHON, "memory_budget", metal_fraction_maxed, -0.5, _smaller_model),
     _r("free-device-memory", PYTHON, "memory_budget", always, 0, _free_memory),
     _r("free-device-memory", PYTHON, (*_ACT, "model_weights", "kv_cache"), others_hold_the_gap, -0.5, _free_memory),
+    _r("lower-gpu-memory-utilization", PYTHON, "memory_budget", vllm_gate_near_miss, -0.5, _py_lower_util_gate),
     _r("lower-gpu-memory-utilization", PYTHON, "memory_budget", vllm_gate_numbers, 1, _py_lower_util_gate),
     _r("raise-gpu-memory-utilization", PYTHON, ("kv_capacity", "kv_cache"), negative_pool, 0, _py_raise_util_negative),
     _r("smaller-model-or-quant", PYTHON, ("kv_capacity", "kv_cache"), negative_pool, 1, _smaller_model),

@@ -128,6 +128,8 @@ def wrap_join(prev: str, line: str) -> str | None:
     for start, cont in WRAP_PAIRS:
         if start in prev and cont in line and cont not in prev and start not in line:
             return prev + " " + line
+    if prev.endswith("(") and line[:1].isdigit() and _KEY.search(prev):
+        return prev + line  # a number wrapped off its parenthesis: "... stored in KV cache (" / "3984). Try ..."
     for sep in ("", " "):
         joined = prev + sep + line
         for phrase in WRAP_PHRASES:
