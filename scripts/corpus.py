@@ -9,7 +9,8 @@ Cases: tests/data/cases (copied from ../shared/cases and earlier harvests) and t
 (harvested from public threads; labelled from the thread before kvreport ran, see each case.json).
 The set-aside quarter is chosen by THREAD (the case.json ``source`` up to its first space), with a
 fixed seed, among the corpus cases only: sha256(SEED + thread) mod 4 == 0. Cases from one thread are
-always on the same side, and adding cases never moves an old one.
+always on the same side, and adding cases never moves an old one. Rounds 3 and 5 (:data:`UNTUNED_ROUNDS`) are set
+aside whole.
 """
 
 from __future__ import annotations
@@ -40,9 +41,15 @@ def thread_of(case: Path) -> str:
     return src.split(" ")[0].replace("https://github.com/", "").replace("/issues/", "#").replace("/pull/", "#")
 
 
+UNTUNED_ROUNDS = {3, 5}
+"""Harvest rounds no rule was tuned on: every case of them is set aside, not only the seeded quarter."""
+
+
 def is_holdout(case: Path) -> bool:
     if case.parent != CORPUS:
         return False
+    if harvest_round(case) in UNTUNED_ROUNDS:
+        return True
     return int(hashlib.sha256((SEED + thread_of(case)).encode()).hexdigest(), 16) % 4 == 0
 
 
