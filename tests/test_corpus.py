@@ -28,8 +28,11 @@ def test_the_set_aside_quarter_is_chosen_by_thread():
     for c in cases:
         by_thread.setdefault(corpus.thread_of(c), set()).add(corpus.is_holdout(c))
     assert all(len(v) == 1 for v in by_thread.values())
-    share = sum(corpus.is_holdout(c) for c in cases) / len([c for c in cases if c.parent == CORPUS_DIR])
+    tuned = [c for c in cases if c.parent == CORPUS_DIR and corpus.harvest_round(c) not in corpus.UNTUNED_ROUNDS]
+    share = sum(corpus.is_holdout(c) for c in tuned) / len(tuned)
     assert 0.15 < share < 0.35
+    # the rounds no rule was tuned on are set aside whole
+    assert all(corpus.is_holdout(c) for c in cases if corpus.harvest_round(c) in corpus.UNTUNED_ROUNDS)
 
 
 def test_tuning_set_floors():
