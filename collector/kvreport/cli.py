@@ -282,7 +282,7 @@ def create_user(username: str, password: str | None, database_url: str | None) -
 
 
 @admin.command("reanalyze", context_settings=CONTEXT_SETTINGS)
-@click.option("--batch-size", type=click.IntRange(1, 10000), default=200, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1, 10000), default=50, show_default=True)
 @click.option("--max-batches", type=click.IntRange(min=1), default=None, help="Stop after this many batches.")
 @click.option("--database-url", envvar="KVREPORT_DATABASE_URL", help="The server's database URL.")
 def reanalyze(batch_size: int, max_batches: int | None, database_url: str | None) -> None:

@@ -267,7 +267,7 @@ def create_user(username: str, password: str | None, database_url: str | None) -
     return 0
 
 
-def reanalyze(database_url: str | None, batch_size: int = 200, max_batches: int | None = None) -> int:
+def reanalyze(database_url: str | None, batch_size: int = 50, max_batches: int | None = None) -> int:
     """Re-run the analyzer over bundles of an older ``analyzer_version`` (resumable)."""
     from kvreport_server import analysis, store
 
