@@ -1024,9 +1024,10 @@ def find_secrets(obj: Any, kinds: Iterable[str] | None = None) -> list[tuple[str
     docstring are not reported. Used by the server as a second pass over uploaded bundles.
     """
     wanted = set(kinds) if kinds is not None else set(SECRET_KINDS) | {"email", "home", "ip"}
-    secrets_only = wanted <= set(SECRET_KINDS)
     found: list[tuple[str, str]] = []
     judge = Redactor()
+    probe = Redactor()  # one for every string: only its counts are read, cleared before each string
+    scan = probe.redact_secrets if wanted <= set(SECRET_KINDS) else probe.redact_text
 
     def visit(value: Any, path: str, key: str | None) -> None:
         if key is not None and judge._secret_value(key, value):
@@ -1054,8 +1055,8 @@ def find_secrets(obj: Any, kinds: Iterable[str] | None = None) -> list[tuple[str
                     visit(v, f"{path}[{i}]", inherit)
                 prev = v
         elif isinstance(value, str):
-            probe = Redactor()
-            (probe.redact_secrets if secrets_only else probe.redact_text)(value)
+            probe.counts.clear()
+            scan(value)
             for kind in sorted(k for k, n in probe.counts.items() if n and k in wanted):
                 found.append((path, kind))
 
