@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
@@ -595,11 +596,12 @@ def reanalyze(db: Database, *, batch_size: int = 50, max_batches: int | None = N
     them in one short transaction (:func:`_write_batch`) whose counter changes go through
     :class:`Counts` in the uploads' lock order; so re-analysis beside uploads holds no cluster row
     for longer than those last statements, and it can be stopped at any point and run again without
-    double counting. Returns ``{"seen", "moved", "batches", "remaining"}``.
+    double counting. Returns ``{"seen", "moved", "batches", "remaining", "longest_write_ms"}`` (the
+    longest write transaction, retries included: how long a batch held its rows at most).
     """
     current = analysis.analyzer_version()
     needs = or_(BT.c.analyzer_version != current, BT.c.facet_keys.is_(None))
-    stats = {"seen": 0, "moved": 0, "batches": 0, "remaining": 0}
+    stats = {"seen": 0, "moved": 0, "batches": 0, "remaining": 0, "longest_write_ms": 0.0}
     last_id = ""
     while max_batches is None or stats["batches"] < max_batches:
         with db.Session() as session:
@@ -610,7 +612,9 @@ def reanalyze(db: Database, *, batch_size: int = 50, max_batches: int | None = N
         last_id = rows[-1].id
         work = [(row, _reanalysis_of(row)) for row in rows]
         also: set[int] = set()
+        t0 = time.perf_counter()
         seen, moved = _retrying(db, lambda session, work=work, also=also: _write_batch(session, current, work, also))
+        stats["longest_write_ms"] = max(stats["longest_write_ms"], (time.perf_counter() - t0) * 1000)
         stats["seen"] += seen
         stats["moved"] += moved
         stats["batches"] += 1
