@@ -352,7 +352,8 @@ def _pin(session: Session, ids: Iterable[int], *, exclusive: bool = False) -> di
     """Lock cluster rows in id order (lock order step 1): ``FOR KEY SHARE``, or ``FOR UPDATE`` when
     ``exclusive``. Returns ``{id: merged_into}`` of the rows as they are now (missing ids: deleted)."""
     stmt = select(CT.c.id, CT.c.merged_into).where(CT.c.id.in_(sorted(set(ids)))).order_by(CT.c.id)
-    return dict(session.execute(stmt.with_for_update(key_share=not exclusive)).all())
+    stmt = stmt.with_for_update() if exclusive else stmt.with_for_update(read=True, key_share=True)
+    return dict(session.execute(stmt).all())
 
 
 def _follow(home: int, pinned: dict[int, int | None]) -> list[int] | None:
@@ -371,7 +372,7 @@ def _follow(home: int, pinned: dict[int, int | None]) -> list[int] | None:
 
 _PIN_BY_KEY = (select(CT.c.id, CT.c.merged_into)
                .where(CT.c.scheme == bindparam("p_scheme", type_=CT.c.scheme.type),
-                      CT.c.key == bindparam("p_key", type_=CT.c.key.type)).with_for_update(key_share=True))
+                      CT.c.key == bindparam("p_key", type_=CT.c.key.type)).with_for_update(read=True, key_share=True))
 
 
 def _pin_signature(session: Session, sig: dict, diagnosis: dict, chain: list[int] | None) -> tuple[int, int]:
@@ -544,7 +545,7 @@ def _write_batch(session: Session, current: str, work: list[tuple], also: set[in
     homes, chains, pinned = _pin_batch(session, work, also)
     locked = {r.id: r for r in session.execute(
         select(b.id, b.cluster_id, b.analyzer_version, b.facet_keys).where(b.id.in_([row.id for row, _n in work]))
-        .order_by(b.id).with_for_update())}
+        .order_by(b.id).with_for_update(key_share=True))}  # FOR NO KEY UPDATE: outcomes may still refer to them
     if any(r.cluster_id not in pinned for r in locked.values()):
         also.update(r.cluster_id for r in locked.values())  # merged away meanwhile: pin where they are now
         raise _Changed()
