@@ -2,8 +2,8 @@
 
 A cluster is one failure signature. Its ``count``, distinct ``machines``, first/last seen, build
 range and first version, its facet counts (``cluster_facets``) and per-day counts (``cluster_days``),
-and the facet counts over all bundles (``facet_totals``) are counters that every writer keeps equal
-to what a full scan of ``bundles`` gives (``tests/server/server_helpers.scan`` checks). A bundle
+the facet counts over all bundles (``facet_totals``) and the bundles per engine build
+(``engine_builds``) are counters that every writer keeps equal to what a full scan of ``bundles`` gives (``tests/server/server_helpers.scan`` checks). A bundle
 acknowledged by the API is committed with its counts; a failure rolls back everything.
 
 **Lock order** (PostgreSQL; SQLite runs one writer at a time, ``Database.write_lock``). Every writer
@@ -14,7 +14,7 @@ takes rows in one global order, skipping what it does not need and never going b
    ``FOR UPDATE`` for a merge or unmerge, which changes that (:func:`_pin`);
 2. bundle rows: a new one inserted, or existing ones ``FOR UPDATE`` by id;
 3. the counters, last, through :class:`Counts`: ``cluster_facets``, ``cluster_days``, ``clusters``,
-   ``facet_totals``, each table in key order in one statement.
+   ``engine_builds``, ``facet_totals``, each table in key order in one statement.
 
 So an upload inserts its bundle first (which locks nothing another upload needs) and holds the shared
 counter rows of its signature, and the totals every upload touches, only for the last statements and
@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session
 from kvreport_server import analysis
 from kvreport_server.db import Database
 from kvreport_server.errors import ApiError
-from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet, FacetTotal, utcnow
+from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet, EngineBuild, FacetTotal, utcnow
 
 CT, BT = Cluster.__table__, Bundle.__table__
 RETRIES = 5
@@ -182,6 +182,7 @@ class Counts:
     days: Counter = dataclasses.field(default_factory=Counter)     # (cluster, day) -> delta
     count: Counter = dataclasses.field(default_factory=Counter)    # cluster -> delta
     totals: Counter = dataclasses.field(default_factory=Counter)   # (kind, value) -> delta
+    builds: Counter = dataclasses.field(default_factory=Counter)   # (engine, build number) -> delta
     spans: dict[int, _Span] = dataclasses.field(default_factory=dict)
     lost: set[int] = dataclasses.field(default_factory=set)        # clusters some bundle left
     titles: dict[int, str] = dataclasses.field(default_factory=dict)
@@ -193,28 +194,37 @@ class Counts:
             self.facets[(cid, kind, value)] += delta
             self.totals[(kind, value)] += delta
 
-    def add(self, cid: int, t: dt.datetime, facets: Iterable[tuple[str, str]], *, build: int | None,
-            engine_version: str | None, verdict: str | None) -> None:
-        """Count in a bundle received at ``t`` (its build number, engine version and verdict)."""
+    def _build(self, engine: str | None, build: int | None, delta: int) -> None:
+        if engine is not None and build is not None:
+            self.builds[(engine, build)] += delta
+
+    def add(self, cid: int, t: dt.datetime, facets: Iterable[tuple[str, str]], *, engine: str | None,
+            build: int | None, engine_version: str | None, verdict: str | None) -> None:
+        """Count in a bundle received at ``t`` (its engine, build number, engine version and verdict)."""
         t = as_utc(t)
         self._bump(cid, t, facets, 1)
+        self._build(engine, build, 1)
         self.spans.setdefault(cid, _Span()).add(t, build, _version_of(build, engine_version), verdict)
 
-    def remove(self, cid: int, t: dt.datetime, facets: Iterable[tuple[str, str]]) -> None:
-        """Count out a bundle (its range is then recomputed from the cluster's bundles)."""
+    def remove(self, cid: int, t: dt.datetime, facets: Iterable[tuple[str, str]], *, engine: str | None,
+               build: int | None) -> None:
+        """Count out a bundle (the cluster's range is then recomputed from its bundles)."""
         self._bump(cid, t, facets, -1)
+        self._build(engine, build, -1)
         self.lost.add(cid)
 
-    def recount(self, cid: int, old: Iterable[tuple[str, str]], new: Iterable[tuple[str, str]],
-                verdict: str | None) -> None:
-        """A bundle that stays in its cluster with the same time and build: only its facet values
-        (and the cluster's verdict) may change."""
+    def recount(self, cid: int, old: Iterable[tuple[str, str]], new: Iterable[tuple[str, str]], *,
+                engines: tuple[str | None, str | None], build: int | None, verdict: str | None) -> None:
+        """A bundle that stays in its cluster with the same time and build: only its facet values,
+        its engine (old, new) and the cluster's verdict may change."""
         for kind, value in old:
             self.facets[(cid, kind, value)] -= 1
             self.totals[(kind, value)] -= 1
         for kind, value in new:
             self.facets[(cid, kind, value)] += 1
             self.totals[(kind, value)] += 1
+        self._build(engines[0], build, -1)
+        self._build(engines[1], build, 1)
         self.spans.setdefault(cid, _Span()).add(None, None, None, verdict)
 
     def apply(self, session: Session) -> dict[int, Cluster]:
@@ -230,6 +240,7 @@ class Counts:
             row = self._cluster(session, cid, machines[cid])
             if row is not None:
                 out[cid] = Cluster(**dict(row._mapping))
+        _add_counts(session, EngineBuild.__table__, ("engine", "build_number"), self.builds)
         _add_counts(session, FacetTotal.__table__, ("kind", "value"), self.totals)
         return out
 
@@ -451,7 +462,7 @@ def ingest(db: Database, bundle: dict, *, size_bytes: int = 0, token_id: int | N
                     home, root = _pin_signature(session, p.sig, p.diagnosis, chain)
                     session.execute(_INSERT_BUNDLE, {**row, "cluster_id": root, "home_cluster_id": home})
                     counts = Counts()
-                    counts.add(root, t, p.facets, build=p.facts["build_number"],
+                    counts.add(root, t, p.facets, engine=p.facts["engine_name"], build=p.facts["build_number"],
                                engine_version=p.facts["engine_version"], verdict=p.facts["verdict"])
                     cluster = counts.apply(session)[root]
                 return IngestResult(201, bundle["id"], cluster, p.diagnosis)
@@ -492,7 +503,7 @@ def delete_bundle(db: Database, bundle_id: str) -> bool:
                 if row.cluster_id != cid:  # merged away meanwhile
                     raise _Changed()
                 counts = Counts()
-                counts.remove(cid, row.received_at, counted_facets(row))
+                counts.remove(cid, row.received_at, counted_facets(row), engine=row.engine_name, build=row.build_number)
                 session.execute(delete(BT).where(BT.c.id == bundle_id))
                 counts.apply(session)
             return True
@@ -504,7 +515,7 @@ def delete_bundle(db: Database, bundle_id: str) -> bool:
 # -- re-analysis ----------------------------------------------------------------------------------
 
 _TO_REDO = (BT.c.id, BT.c.cluster_id, BT.c.data, BT.c.diagnosis, BT.c.facet_keys, BT.c.analyzer_version,
-            BT.c.received_at, BT.c.build_number, BT.c.engine_version)
+            BT.c.received_at, BT.c.engine_name, BT.c.build_number, BT.c.engine_version)
 
 
 def _reanalysis_of(row) -> dict:
@@ -559,10 +570,11 @@ def _write_batch(session: Session, current: str, work: list[tuple], also: set[in
         updates.append({**facts, "b_id": row.id, "diagnosis": new["diagnosis"], "analyzer_version": current[:40],
                         "cluster_id": root, "home_cluster_id": home, "facet_keys": facet_keys_of(new["facets"])})
         if root == old and (facts["build_number"], facts["engine_version"]) == (row.build_number, row.engine_version):
-            counts.recount(root, new["old_facets"], new["facets"], facts["verdict"])
+            counts.recount(root, new["old_facets"], new["facets"], engines=(row.engine_name, facts["engine_name"]),
+                           build=row.build_number, verdict=facts["verdict"])
         else:
-            counts.remove(old, row.received_at, new["old_facets"])
-            counts.add(root, row.received_at, new["facets"], build=facts["build_number"],
+            counts.remove(old, row.received_at, new["old_facets"], engine=row.engine_name, build=row.build_number)
+            counts.add(root, row.received_at, new["facets"], engine=facts["engine_name"], build=facts["build_number"],
                        engine_version=facts["engine_version"], verdict=facts["verdict"])
             moved += int(root != old)
         counts.titles[home] = new["sig"]["title"]
@@ -640,10 +652,11 @@ def _move_bundles(session: Session, where, src: int, dst: int) -> int:
     old = {r.id: counted_facets(r) for r in session.execute(select(Bundle).where(Bundle.id.in_(legacy))).scalars()} \
         if legacy else {}
     counts = Counts()
-    for r in rows:
+    for r in rows:  # the totals over all bundles and per build cancel out: the same bundles, elsewhere
         facets = old[r.id] if r.facet_keys is None else counted_facets(r)
-        counts.remove(src, r.received_at, facets)
-        counts.add(dst, r.received_at, facets, build=r.build_number, engine_version=r.engine_version, verdict=r.verdict)
+        counts.remove(src, r.received_at, facets, engine=None, build=r.build_number)
+        counts.add(dst, r.received_at, facets, engine=None, build=r.build_number, engine_version=r.engine_version,
+                   verdict=r.verdict)
     counts.apply(session)
     return len(rows)
 

@@ -109,12 +109,12 @@ FAILURE_CASES = [
 
 def scan(db) -> dict:
     """True when every cluster's counters (count, machines, facets, days, first/last seen, build range,
-    first version) and the facet totals equal what a full scan of the bundles table gives (else the
-    two views, for the assertion message)."""
+    first version), the facet totals and the bundles per engine build equal what a full scan of the
+    bundles table gives (else the two views, for the assertion message)."""
     from sqlalchemy import select
 
     from kvreport_server import analysis, store
-    from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet, FacetTotal
+    from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet, EngineBuild, FacetTotal
 
     with db.Session() as s:
         rows = s.execute(select(Bundle)).scalars().all()
@@ -125,6 +125,11 @@ def scan(db) -> dict:
         got_totals = Counter({(t.kind, t.value): t.count for t in s.execute(select(FacetTotal)).scalars()})
         if +totals != got_totals:
             return {"facet_totals": (got_totals, totals)}
+        builds = Counter((b.engine_name, b.build_number) for b in rows
+                         if b.engine_name is not None and b.build_number is not None)
+        got_builds = Counter({(e.engine, e.build_number): e.count for e in s.execute(select(EngineBuild)).scalars()})
+        if builds != got_builds:
+            return {"engine_builds": (got_builds, builds)}
         expect = defaultdict(lambda: {"count": 0, "machines": set(), "facets": Counter(), "days": Counter(),
                                       "first": None, "last": None, "builds": set(), "first_rows": []})
         for b in rows:
