@@ -37,6 +37,7 @@ import argparse
 import gzip
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -327,7 +328,8 @@ def phase(args) -> int:
         reproc = None
         if args.reanalyze:
             reproc = subprocess.Popen([sys.executable, "-c", "import sys; from kvreport.cli import main; sys.exit(main())",
-                                       "admin", "reanalyze", "--database-url", url], env=env,
+                                       "admin", "reanalyze", "--database-url", url, *args.reanalyze_args.split()],
+                                      env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         result.update(_measured(cpu, uploads.run, args.seconds))
         if reproc is not None:
@@ -335,8 +337,11 @@ def phase(args) -> int:
                 left = conn.execute(f"SELECT count(*) FROM bundles WHERE analyzer_version = '{OLD}'").fetchone()[0]
             result["reanalyzed_during_uploads"] = args.reanalyze - left
             result["reanalyzed_per_s"] = round((args.reanalyze - left) / result["elapsed_s"], 1)
-            reproc.wait(900)
+            note = reproc.communicate(timeout=900)[1]
             result["reanalyze_exit"] = reproc.returncode
+            longest = re.search(r"longest write transaction (\d+) ms, counter rows held at most (\d+) ms", note or "")
+            result["reanalyze_longest_write_ms"] = int(longest.group(1)) if longest else None
+            result["reanalyze_longest_hold_ms"] = int(longest.group(2)) if longest else None
         if args.half and not args.reanalyze and result["bundles_per_s"]:
             half = _measured(cpu, uploads.run, args.seconds / 2, rate=result["bundles_per_s"] / 2)
             result["half"] = {k: half[k] for k in ("bundles_per_s", "p50_ms", "p99_ms", "p99_typical_ms", "max_ms", "errors",
@@ -395,7 +400,9 @@ def _print(args, results: list[dict]) -> None:
             ratio = r["bundles_per_s"] / max(alone[r["code"]]["bundles_per_s"], 1e-9)
             print(f"{r['code']}: ingest beside re-analysis at {ratio:.0%} of uploads alone (target >= 80 %); "
                   f"{r.get('reanalyzed_during_uploads')} of {r['reanalyze']} bundles re-analysed during the uploads "
-                  f"({r.get('reanalyzed_per_s')}/s)")
+                  f"({r.get('reanalyzed_per_s')}/s); its longest write transaction "
+                  f"{r.get('reanalyze_longest_write_ms', '-')} ms, counter rows held at most "
+                  f"{r.get('reanalyze_longest_hold_ms', '-')} ms")
 
 
 def orchestrate(args) -> int:
@@ -411,7 +418,7 @@ def orchestrate(args) -> int:
             phase_file.unlink(missing_ok=True)
             argv = [sys.executable, str(Path(__file__).resolve()), "--phase", str(phase_file), "--clients",
                     str(args.clients), "--seconds", str(args.seconds), "--workers", str(args.workers), "--threads",
-                    str(args.threads), "--reanalyze", str(reanalyze)]
+                    str(args.threads), "--reanalyze", str(reanalyze), f"--reanalyze-args={args.reanalyze_args}"]
             argv += ["--no-healthz"] if args.no_healthz or reanalyze else []
             argv += ["--no-half"] if not args.half else []
             subprocess.run(argv, env=refcode.env_for(code), cwd=code)
@@ -435,6 +442,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ref", help="also measure the server of this git revision, in the same run")
     ap.add_argument("--reanalyze", type=int, default=0, metavar="N",
                     help="add a phase with `kvreport admin reanalyze` over N old bundles beside the uploads")
+    ap.add_argument("--reanalyze-args", default="", metavar="ARGS",
+                    help="more options for `kvreport admin reanalyze`, e.g. \"--nice 0 --batch-size 10\"")
     ap.add_argument("--no-half", dest="half", action="store_false", help="skip the half-capacity phase")
     ap.add_argument("--no-healthz", action="store_true", help="skip the GET /healthz baseline")
     ap.add_argument("--phase", help=argparse.SUPPRESS)  # internal: run one phase, write its JSON here

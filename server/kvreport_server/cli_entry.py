@@ -287,7 +287,7 @@ def reanalyze(database_url: str | None, batch_size: int = 50, max_batches: int |
         db.dispose()
     _note(f"kvreport: reanalyze: analyzer {analysis.analyzer_version()}: {stats['seen']} bundles re-analyzed, "
           f"{stats['moved']} moved to another cluster, {stats['remaining']} remaining; longest write "
-          f"transaction {stats['longest_write_ms']:.0f} ms")
+          f"transaction {stats['longest_write_ms']:.0f} ms, counter rows held at most {stats['longest_hold_ms']:.0f} ms")
     return 0
 
 
