@@ -20,6 +20,7 @@ import argparse
 import copy
 import datetime as dt
 import json
+import os
 import random
 import secrets
 import statistics
@@ -163,6 +164,12 @@ def bulk_load(db: Database, tmpls, keys, n_bundles: int, seed: int = 7) -> dict:
         drows = [{"cluster_id": c, "day": d, "count": n} for (c, d), n in days.items()]
         for i in range(0, len(drows), 5000):
             conn.execute(insert(ClusterDay.__table__), drows[i:i + 5000])
+        # the counters over all bundles, as migrations 0004 and 0006 fill them
+        conn.exec_driver_sql("INSERT INTO facet_totals (kind, value, count) "
+                             "SELECT kind, value, SUM(count) FROM cluster_facets GROUP BY kind, value")
+        conn.exec_driver_sql("INSERT INTO engine_builds (engine, build_number, count) "
+                             "SELECT engine_name, build_number, count(*) FROM bundles WHERE engine_name IS NOT NULL "
+                             "AND build_number IS NOT NULL GROUP BY engine_name, build_number")
         conn.exec_driver_sql(f"SELECT setval('clusters_id_seq', {len(keys)})")
         conn.exec_driver_sql("ANALYZE")
     print(file=sys.stderr)
@@ -183,6 +190,27 @@ def stats(ms: list[float]) -> dict:
     s = sorted(ms)
     return {"n": len(s), "median_ms": round(statistics.median(s), 1),
             "p95_ms": round(s[min(len(s) - 1, int(0.95 * len(s)))], 1), "max_ms": round(s[-1], 1)}
+
+
+def regression_costs(url: str, n: int) -> dict:
+    """The regression view's "bundles from earlier builds" for the 10 clusters whose first build is the
+    newest (its worst case): the sum over ``engine_builds`` the page reads, and, as the baseline in the
+    same run, the count over ``bundles`` it read before migration 0006. Milliseconds per query."""
+    with psycopg.connect(url.replace("+psycopg", "")) as conn:
+        newest = conn.execute("SELECT engine, min_build FROM clusters WHERE min_build IS NOT NULL "
+                              "ORDER BY min_build DESC LIMIT 10").fetchall()
+        out = {}
+        for label, sql in (("regression_engine_builds", "SELECT coalesce(sum(count), 0) FROM engine_builds "
+                                                        "WHERE engine = %s AND build_number < %s"),
+                           ("regression_count_bundles", "SELECT count(*) FROM bundles "
+                                                        "WHERE engine_name = %s AND build_number < %s")):
+            ms = []
+            for i in range(n):
+                t0 = time.perf_counter()
+                conn.execute(sql, newest[i % len(newest)]).fetchone()
+                ms.append((time.perf_counter() - t0) * 1000)
+            out[label] = stats(ms)
+    return out
 
 
 def main(argv=None) -> int:
@@ -221,6 +249,9 @@ def main(argv=None) -> int:
         base = f"http://127.0.0.1:{server.effective_port}"
         s = requests.Session()
         rng = random.Random(11)
+        with psycopg.connect(url.replace("+psycopg", "")) as conn:  # the regression view's worst case
+            newest = [r[0] for r in conn.execute("SELECT id FROM clusters WHERE min_build IS NOT NULL "
+                                                 "ORDER BY min_build DESC LIMIT 10")]
         for _ in range(10):  # warm-up
             timed(s, base + "/")
             timed(s, f"{base}/clusters/{rng.randint(1, args.signatures)}")
@@ -231,12 +262,17 @@ def main(argv=None) -> int:
             "clusters_api": lambda i: f"{base}/api/v1/clusters?per_page=50&page={1 + i % 5}",
             "cluster_page": lambda i: f"{base}/clusters/{rng.randint(1, args.signatures)}",
             "cluster_page_biggest": lambda i: f"{base}/clusters/{1 + i % 10}",
+            "cluster_page_newest_build": lambda i: f"{base}/clusters/{newest[i % len(newest)]}",
         }
         for label, make_url in pages.items():
             result[label] = stats([timed(s, make_url(i)) for i in range(args.requests)])
             print(f"{label:24s} {result[label]}", file=sys.stderr)
         server.close()
         app.extensions["kvreport_db"].dispose()
+        for label, figures in regression_costs(url, args.requests).items():
+            result[label] = figures
+            print(f"{label:24s} {figures}", file=sys.stderr)
+        result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     finally:
         if not (args.keep or args.reuse):
             with psycopg.connect(PG_ADMIN, autocommit=True) as conn:

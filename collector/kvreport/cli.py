@@ -295,13 +295,16 @@ def create_user(username: str, password: str | None, database_url: str | None) -
 
 
 @admin.command("reanalyze", context_settings=CONTEXT_SETTINGS)
-@click.option("--batch-size", type=click.IntRange(1, 10000), default=200, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1, 10000), default=50, show_default=True)
 @click.option("--max-batches", type=click.IntRange(min=1), default=None, help="Stop after this many batches.")
+@click.option("--nice", type=click.IntRange(0, 19), default=10, show_default=True,
+              help="Run this many steps below normal CPU priority (uploads go first; 0: normal).")
 @click.option("--database-url", envvar="KVREPORT_DATABASE_URL", help="The server's database URL.")
-def reanalyze(batch_size: int, max_batches: int | None, database_url: str | None) -> None:
+def reanalyze(batch_size: int, max_batches: int | None, nice: int, database_url: str | None) -> None:
     """Re-run the analyzer over stored bundles of an older analyzer version (resumable)."""
     cli_entry = _server_cli()
-    sys.exit(cli_entry.reanalyze(database_url=database_url, batch_size=batch_size, max_batches=max_batches))
+    sys.exit(cli_entry.reanalyze(database_url=database_url, batch_size=batch_size, max_batches=max_batches,
+                                 nice=nice))
 
 
 @admin.command("remove-demo", context_settings=CONTEXT_SETTINGS)

@@ -28,8 +28,6 @@ import re as _re
 import threading
 from collections.abc import Callable, Iterator
 
-import re2
-
 __all__ = ["Match", "Pattern", "Subject", "compile"]
 
 # Python's str.isspace() in ASCII: RE2's \s lacks \v and \x1c-\x1f
@@ -144,12 +142,23 @@ class Pattern:
             full = f"{full}(?:{after})"
         if flags:
             full = f"(?{flags}){full}"
-        self._rx = re2.compile(full)
-        names = dict(self._rx.groupindex)
+        self._full = full
+
+    def __getattr__(self, name: str):
+        """The compiled pattern and its group tables, made on first use: importing a module full of
+        patterns compiles none of them (and imports ``re2`` only when one runs)."""
+        if name not in ("_rx", "_order", "_index", "groupindex"):
+            raise AttributeError(name)
+        import re2
+
+        rx = re2.compile(self.__dict__["_full"])
+        names = dict(rx.groupindex)
         # our group 0 is m__ (what lies between before and after); the others keep RE2's numbers
-        self._order = [names.pop("m__")] + list(range(1, self._rx.groups + 1))
+        self._order = [names.pop("m__")] + list(range(1, rx.groups + 1))
         self._index = names
         self.groupindex = dict(names)
+        self._rx = rx
+        return getattr(self, name)
 
     def _wrap(self, subj: Subject, m) -> Match:
         return Match(subj.text, [m.span(g) for g in self._order], self._index)

@@ -65,6 +65,52 @@ def diagnose(bundle: dict) -> dict:
     return diag
 
 
+def diagnose_with_devices(bundle: dict) -> tuple[dict, list[dict]]:
+    """:func:`diagnose` and :func:`all_devices` of a validated bundle with its log parsed once, not twice.
+
+    ``kvreport.analyze.analyze(bundle)`` is ``diagnose(parse_log(lines), bundle)`` and
+    ``devices_in_log(bundle)`` reads ``parse_log(lines).devices``; the log parse is most of an
+    upload's analysis, so both are taken here from one parse. ``tests/server/test_ingest_parse_once.py``
+    checks that the answers equal the two separate calls on every real case. Never raises.
+    """
+    try:
+        from kvreport.analyze import diagnose as diagnose_facts
+        from kvreport.logs import parse_log
+    except ImportError as exc:
+        return _fallback(f"analyzer not installed ({exc})"), _probed_then_logged(bundle, [])
+    log_section = bundle.get("log") if isinstance(bundle.get("log"), dict) else {}
+    lines = log_section.get("lines") or []
+    try:
+        facts = parse_log(lines if isinstance(lines, list) else [])
+        logged = _log_devices(facts)  # before the diagnosis, which may consume parts of the facts
+        diag = diagnose_facts(facts, bundle)
+    except Exception as exc:  # noqa: BLE001 - a bad rule must not lose an upload
+        log.exception("analyzer failed on bundle %s", bundle.get("id"))
+        return _fallback(f"analyzer error: {type(exc).__name__}"), _probed_then_logged(bundle, [])
+    if not isinstance(diag, dict) or not isinstance(diag.get("signature"), dict):
+        return _fallback("analyzer returned no signature"), _probed_then_logged(bundle, logged)
+    return diag, _probed_then_logged(bundle, logged)
+
+
+def _log_devices(facts) -> list[dict]:
+    """``kvreport.analyze.devices_in_log`` of an already parsed log (the same entries in the same order;
+    the analyzer offers no function that takes parsed facts)."""
+    from kvreport.vocab import backend_of_device
+
+    out: list[dict] = []
+    for key, dev in facts.devices.items():
+        key = str(key)
+        backend = backend_of_device(key)
+        description = dev.get("description")
+        if backend == "cpu" or key.upper() == "CPU" or (backend is None and not description):
+            continue
+        digits = key[len(key.rstrip("0123456789")):]
+        entry = {"backend": backend, "index": int(digits) if digits else None, "name": str(description or key).strip(),
+                 "device": key, "total_mib": dev.get("total_mib"), "free_mib": dev.get("free_mib"), "source": "log"}
+        out.append({k: v for k, v in entry.items() if v is not None})
+    return out
+
+
 def explain(bundle: dict) -> list[dict]:
     """For the bundle page's collapsed "Why kvreport says this": every fact with its rule and log line
     (kvreport.explain), recomputed from the stored bundle; [] when the analyzer is not installed or fails."""
@@ -237,9 +283,13 @@ def all_devices(bundle: dict) -> list[dict]:
     (:func:`kvreport.analyze.devices_in_log`)."""
     from kvreport.analyze import devices_in_log
 
+    return _probed_then_logged(bundle, devices_in_log(bundle))
+
+
+def _probed_then_logged(bundle: dict, logged: list[dict]) -> list[dict]:
     probed = [d for d in (bundle.get("devices") or []) if isinstance(d, dict)]
     names = {str(d.get("name") or "").strip().lower() for d in probed}
-    return probed + [d for d in devices_in_log(bundle) if d["name"].lower() not in names]
+    return probed + [d for d in logged if d["name"].lower() not in names]
 
 
 def bundle_facts(bundle: dict, diagnosis: dict, devices: list[dict] | None = None) -> dict:
@@ -265,16 +315,20 @@ def bundle_facts(bundle: dict, diagnosis: dict, devices: list[dict] | None = Non
     }
 
 
-def facts_and_facets(bundle: dict, diagnosis: dict) -> tuple[dict, set[tuple[str, str]]]:
-    """:func:`bundle_facts` and :func:`facets` of one bundle, with its log parsed once for the devices."""
-    devices = all_devices(bundle)
-    return bundle_facts(bundle, diagnosis, devices), facets(bundle, diagnosis, devices)
-
-
-def facets(bundle: dict, diagnosis: dict, devices: list[dict] | None = None) -> set[tuple[str, str]]:
-    """The (kind, value) pairs a bundle adds to its cluster's facet counts (each pair once)."""
+def facts_and_facets(bundle: dict, diagnosis: dict,
+                     devices: list[dict] | None = None) -> tuple[dict, set[tuple[str, str]]]:
+    """:func:`bundle_facts` and :func:`facets` of one bundle, with its log parsed at most once for the
+    devices (not at all when the caller has them: :func:`diagnose_with_devices`)."""
     devices = all_devices(bundle) if devices is None else devices
     facts = bundle_facts(bundle, diagnosis, devices)
+    return facts, facets(bundle, diagnosis, devices, facts=facts)
+
+
+def facets(bundle: dict, diagnosis: dict, devices: list[dict] | None = None, *,
+           facts: dict | None = None) -> set[tuple[str, str]]:
+    """The (kind, value) pairs a bundle adds to its cluster's facet counts (each pair once)."""
+    devices = all_devices(bundle) if devices is None else devices
+    facts = bundle_facts(bundle, diagnosis, devices) if facts is None else facts
     engine = bundle.get("engine") or {}
     out: set[tuple[str, str]] = set()
 

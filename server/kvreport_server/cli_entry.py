@@ -267,14 +267,18 @@ def create_user(username: str, password: str | None, database_url: str | None) -
     return 0
 
 
-def reanalyze(database_url: str | None, batch_size: int = 200, max_batches: int | None = None) -> int:
-    """Re-run the analyzer over bundles of an older ``analyzer_version`` (resumable)."""
+def reanalyze(database_url: str | None, batch_size: int = 50, max_batches: int | None = None,
+              nice: int = 10) -> int:
+    """Re-run the analyzer over bundles of an older ``analyzer_version`` (resumable). The process runs
+    ``nice`` steps below normal CPU priority, so that uploads sharing the cores go first."""
     from kvreport_server import analysis, store
 
     try:
         db = _session_for(database_url)
     except RuntimeError as exc:
         return _err(str(exc))
+    if nice and hasattr(os, "nice"):
+        os.nice(nice)
     try:
         stats = store.reanalyze(db, batch_size=batch_size, max_batches=max_batches,
                                 progress=lambda s: _note(f"kvreport: reanalyze: {s['seen']} bundles, "
@@ -282,7 +286,8 @@ def reanalyze(database_url: str | None, batch_size: int = 200, max_batches: int 
     finally:
         db.dispose()
     _note(f"kvreport: reanalyze: analyzer {analysis.analyzer_version()}: {stats['seen']} bundles re-analyzed, "
-          f"{stats['moved']} moved to another cluster, {stats['remaining']} remaining")
+          f"{stats['moved']} moved to another cluster, {stats['remaining']} remaining; longest write "
+          f"transaction {stats['longest_write_ms']:.0f} ms, counter rows held at most {stats['longest_hold_ms']:.0f} ms")
     return 0
 
 

@@ -8,6 +8,8 @@
 * ``ClusterDay``: per-cluster bundle count per UTC day (sparklines, trend).
 * ``FacetTotal``: per-facet-value counts over all bundles (the "overall" side of correlations),
   kept in the same transaction as ``ClusterFacet``.
+* ``EngineBuild``: bundles per (engine, build number), for the regression view's "bundles from
+  earlier builds" (a sum over builds, not a count over bundles), kept the same way.
 * Merges: ``Cluster.merged_into`` points a merged cluster at the one that absorbed it; each bundle
   keeps ``home_cluster_id``, the cluster of its own signature, so that an unmerge knows which
   bundles go back. ``Bundle.facet_keys`` is what the bundle added to the facet counters.
@@ -84,6 +86,7 @@ class Bundle(Base):
     __table_args__ = (
         Index("ix_bundles_cluster_received", "cluster_id", "received_at"),
         Index("ix_bundles_engine_build", "engine_name", "build_number"),
+        Index("ix_bundles_cluster_build", "cluster_id", "build_number"),
     )
 
     id: Mapped[str] = mapped_column(String(26), primary_key=True)
@@ -137,6 +140,14 @@ class FacetTotal(Base):
 
     kind: Mapped[str] = mapped_column(String(20), primary_key=True)
     value: Mapped[str] = mapped_column(String(200), primary_key=True)
+    count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+
+
+class EngineBuild(Base):
+    __tablename__ = "engine_builds"
+
+    engine: Mapped[str] = mapped_column(String(40), primary_key=True)
+    build_number: Mapped[int] = mapped_column(Integer, primary_key=True)
     count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
 class Outcome(Base):
     __tablename__ = "outcomes"

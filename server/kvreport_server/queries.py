@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from kvreport_server.correlations import correlations
 from kvreport_server.limits import ascii_int
-from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet
+from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet, EngineBuild
 from kvreport_server.store import as_utc
 
 SPARK_DAYS = 30
@@ -194,9 +194,9 @@ def regression(session: Session, c: Cluster) -> dict:
     unversioned = max(0, c.count - int(versioned))
     out = {"first_build": c.min_build, "last_build": c.max_build, "first_version": c.first_version,
            "earlier_bundles": None, "unversioned_bundles": unversioned, "bundles": c.count}
-    if c.min_build is not None:
-        out["earlier_bundles"] = session.execute(select(func.count()).select_from(Bundle).where(
-            Bundle.engine_name == c.engine, Bundle.build_number < c.min_build)).scalar_one()
+    if c.min_build is not None:  # bundles per (engine, build) are counters: one row per build, not per bundle
+        out["earlier_bundles"] = int(session.execute(select(func.coalesce(func.sum(EngineBuild.count), 0)).where(
+            EngineBuild.engine == c.engine, EngineBuild.build_number < c.min_build)).scalar_one())
     return out
 
 

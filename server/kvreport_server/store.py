@@ -1,29 +1,50 @@
-"""Storage of bundles: the one transaction that inserts a bundle and updates its cluster.
+"""Storage of bundles: uploads, deletes, re-analysis and merges, and the counters they keep.
 
-:func:`ingest` inserts the bundle row and, in the same transaction, creates or finds the cluster
-of its signature and bumps the cluster's counters, first/last seen, build range, facet counts and
-per-day count. A bundle acknowledged by the API is committed; a failure rolls back everything.
-:func:`delete_bundle` and :func:`reanalyze` undo and redo those counts the same way, so counters
-always equal what a full scan of ``bundles`` would give (``tests/server/test_store.py`` checks).
+A cluster is one failure signature. Its ``count``, distinct ``machines``, first/last seen, build
+range and first version, its facet counts (``cluster_facets``) and per-day counts (``cluster_days``),
+the facet counts over all bundles (``facet_totals``) and the bundles per engine build
+(``engine_builds``) are counters that every writer keeps equal to what a full scan of ``bundles``
+gives (``counts.py``; ``tests/server/server_helpers.scan`` checks). A bundle acknowledged by the API
+is committed with its counts; a failure rolls back everything.
+
+**Lock order** (PostgreSQL; SQLite runs one writer at a time, ``Database.write_lock``). Every writer
+takes rows in one global order, skipping what it does not need and never going back:
+
+1. the cluster rows it pins, by id: ``FOR KEY SHARE`` to read where a signature's bundles go (any
+   number of uploads, deletes and re-analysis batches at once; only a merge waits for them) or
+   ``FOR UPDATE`` for a merge or unmerge, which changes that (:func:`_pin`);
+2. bundle rows: a new one inserted, or existing ones ``FOR UPDATE`` by id;
+3. the counters, last, through :class:`~kvreport_server.counts.Counts`: ``cluster_facets``,
+   ``cluster_days``, ``clusters``, ``engine_builds``, ``facet_totals``, each table in key order in
+   one statement.
+
+So an upload inserts its bundle first (which locks nothing another upload needs) and holds the shared
+counter rows of its signature, and the totals every upload touches, only for the last statements and
+the commit; and no two writers wait for each other in a cycle. Re-analysis analyses outside any
+transaction and commits small batches the same way (:func:`reanalyze`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections import Counter
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 
-from sqlalchemy import case, delete, func, insert, or_, select, tuple_, update
+from sqlalchemy import bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from kvreport_server import analysis
+from kvreport_server.counts import Counts, as_utc
 from kvreport_server.db import Database
 from kvreport_server.errors import ApiError
-from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet, FacetTotal, utcnow
+from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet, utcnow
+
+CT, BT = Cluster.__table__, Bundle.__table__
+RETRIES = 5
 
 
 @dataclasses.dataclass
@@ -34,65 +55,19 @@ class IngestResult:
     diagnosis: dict
 
 
+class _Changed(Exception):
+    """A cluster moved under a merge between reading and pinning it: roll back and start again."""
+
+    def __init__(self, chain: list[int] | None = None):
+        super().__init__("cluster changed")
+        self.chain = chain
+
+
 def _insert(session: Session):
     return pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
 
 
-def as_utc(value: dt.datetime | None) -> dt.datetime | None:
-    """SQLite gives naive datetimes back: they are UTC."""
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=dt.timezone.utc)
-    return value
-
-
-def ensure_cluster(session: Session, sig: dict, diagnosis: dict) -> int:
-    """The id of the cluster for ``sig`` (``analysis.signature_of``), created if needed (race-safe)."""
-    failure = diagnosis.get("failure") or {}
-    values = {
-        "scheme": sig["scheme"], "key": sig["key"], "signature_id": sig["id"], "title": sig["title"],
-        "engine": analysis._cut(diagnosis.get("engine"), 40), "phase": analysis._cut(failure.get("phase"), 40),
-        "backend": analysis._cut(failure.get("backend"), 40), "verdict": analysis._cut(failure.get("verdict"), 40),
-        "count": 0, "machines": 0, "status": "new",
-    }
-    stmt = _insert(session)(Cluster.__table__).values(**values).on_conflict_do_nothing(
-        index_elements=["scheme", "key"])
-    session.execute(stmt)
-    return session.execute(
-        select(Cluster.id).where(Cluster.scheme == sig["scheme"], Cluster.key == sig["key"])).scalar_one()
-
-
-def _upsert_count(session: Session, table, keys: dict, delta: int) -> int:
-    stmt = _insert(session)(table).values(**keys, count=delta)
-    stmt = stmt.on_conflict_do_update(index_elements=list(keys), set_={"count": table.c.count + delta})
-    return session.execute(stmt.returning(table.c.count)).scalar_one()
-
-
-def _counter_updates(t: dt.datetime, build: int | None, version: str | None, verdict: str | None = None) -> dict:
-    """SET clauses that add one bundle received at ``t`` (engine build ``build``) to a cluster row."""
-    c = Cluster.__table__.c
-    return dict(
-        count=c.count + 1,
-        first_seen=case((c.first_seen.is_(None), t), (c.first_seen > t, t), else_=c.first_seen),
-        last_seen=case((c.last_seen.is_(None), t), (c.last_seen < t, t), else_=c.last_seen),
-        min_build=case((c.min_build.is_(None), build), (c.min_build > build, build), else_=c.min_build)
-        if build is not None else c.min_build,
-        max_build=case((c.max_build.is_(None), build), (c.max_build < build, build), else_=c.max_build)
-        if build is not None else c.max_build,
-        first_version=case((c.min_build.is_(None), version), (c.min_build > build, version),
-                           else_=c.first_version) if build is not None
-        else case((c.first_version.is_(None), version), else_=c.first_version),
-        # the verdict is not part of the key (scheme 2): the cluster shows a known one once a bundle has it
-        verdict=case(((c.verdict.is_(None)) | (c.verdict == "unknown"), verdict), else_=c.verdict)
-        if verdict and verdict != "unknown" else c.verdict,
-        updated_at=utcnow(),
-    )
-
-
-def _version_of(build: int | None, engine_version: str | None) -> str | None:
-    return f"b{build}" if build is not None else engine_version
-
-
-def counted_facets(row: Bundle) -> set[tuple[str, str]]:
+def counted_facets(row) -> set[tuple[str, str]]:
     """The facet values ``row`` added to the counters: its ``facet_keys``, or for a bundle stored
     before migration 0004 (``facet_keys`` NULL) the original kinds, which were all that was counted."""
     if row.facet_keys is not None:
@@ -104,164 +79,157 @@ def facet_keys_of(bundle_facets: set[tuple[str, str]]) -> list[list[str]]:
     return [[k, v] for k, v in sorted(bundle_facets)]
 
 
-def _add_totals(session: Session, counts: Counter) -> None:
-    """Add ``{(kind, value): n}`` to the over-all-bundles counters (rows at 0 are removed)."""
-    tt = FacetTotal.__table__
-    ups = [{"kind": k, "value": v, "count": n} for (k, v), n in sorted(counts.items()) if n > 0]
-    if ups:
-        # one multi-row upsert in a fixed order (no lock-order deadlocks between uploads)
-        stmt = _insert(session)(tt).values(ups)
-        session.execute(stmt.on_conflict_do_update(index_elements=["kind", "value"],
-                                                   set_={"count": tt.c.count + stmt.excluded.count}))
-    downs = [((k, v), n) for (k, v), n in sorted(counts.items()) if n < 0]
-    for (kind, value), n in downs:
-        session.execute(update(tt).where(tt.c.kind == kind, tt.c.value == value).values(count=tt.c.count + n))
-    if downs:
-        session.execute(delete(tt).where(tt.c.count <= 0, tuple_(tt.c.kind, tt.c.value).in_([kv for kv, _n in downs])))
+# -- clusters: find, create, pin ------------------------------------------------------------------
+
+def _new_cluster_values(sig: dict, diagnosis: dict) -> dict:
+    failure = diagnosis.get("failure") or {}
+    return {"scheme": sig["scheme"], "key": sig["key"], "signature_id": sig["id"], "title": sig["title"],
+            "engine": analysis._cut(diagnosis.get("engine"), 40), "phase": analysis._cut(failure.get("phase"), 40),
+            "backend": analysis._cut(failure.get("backend"), 40),
+            "verdict": analysis._cut(failure.get("verdict"), 40), "count": 0, "machines": 0, "status": "new"}
 
 
-def _count_facets_and_day(session: Session, cluster_id: int, t: dt.datetime,
-                          bundle_facets: set[tuple[str, str]], totals: bool = True) -> None:
-    """Add one bundle's facet values, distinct machine and day to a cluster (and, with ``totals``,
-    its facet values to the counters over all bundles)."""
-    c = Cluster.__table__.c
-    new_machines = 0
-    if bundle_facets:
-        # one multi-row upsert, rows in a fixed order (no lock-order deadlocks between uploads)
-        ft = ClusterFacet.__table__
-        rows = [{"cluster_id": cluster_id, "kind": k, "value": v, "count": 1} for k, v in sorted(bundle_facets)]
-        stmt = _insert(session)(ft).values(rows)
-        stmt = stmt.on_conflict_do_update(index_elements=["cluster_id", "kind", "value"],
-                                          set_={"count": ft.c.count + 1}).returning(ft.c.kind, ft.c.count)
-        new_machines = sum(1 for kind, n in session.execute(stmt) if kind == "machine" and n == 1)
-        if totals:
-            _add_totals(session, Counter(bundle_facets))
-    if new_machines:
-        session.execute(update(Cluster.__table__).where(c.id == cluster_id)
-                        .values(machines=c.machines + new_machines))
-    _upsert_count(session, ClusterDay.__table__, {"cluster_id": cluster_id, "day": t.date()}, 1)
+def ensure_cluster(session: Session, sig: dict, diagnosis: dict) -> int:
+    """The id of the cluster for ``sig`` (``analysis.signature_of``), created with no counts if needed
+    (race-safe; a plain read when it exists)."""
+    by_key = select(CT.c.id).where(CT.c.scheme == sig["scheme"], CT.c.key == sig["key"])
+    found = session.execute(by_key).scalar()
+    if found is not None:
+        return found
+    made = session.execute(_insert(session)(CT).values(**_new_cluster_values(sig, diagnosis))
+                           .on_conflict_do_nothing(index_elements=["scheme", "key"]).returning(CT.c.id)).scalar()
+    return made if made is not None else session.execute(by_key).scalar_one()
 
 
-def _count_in(session: Session, cluster_id: int, row: Bundle, bundle_facets: set[tuple[str, str]]) -> None:
-    """Add one bundle to an existing cluster's counters (the caller holds the transaction)."""
-    t = as_utc(row.received_at)
-    updates = _counter_updates(t, row.build_number, _version_of(row.build_number, row.engine_version), row.verdict)
-    session.execute(update(Cluster.__table__).where(Cluster.__table__.c.id == cluster_id).values(**updates))
-    _count_facets_and_day(session, cluster_id, t, bundle_facets)
-
-
-def _recount_range(session: Session, cluster_id: int, machines_delta: int = 0) -> None:
-    """First/last seen, build range and first version of a cluster from its bundles (after some left)."""
-    c = Cluster.__table__.c
-    b = Bundle.__table__.c
-    first, last, lo, hi = session.execute(
-        select(func.min(b.received_at), func.max(b.received_at), func.min(b.build_number), func.max(b.build_number))
-        .where(b.cluster_id == cluster_id)).one()
-    first_version = None
-    if lo is not None:
-        first_version = f"b{lo}"
-    elif first is not None:
-        first_version = session.execute(
-            select(b.engine_version).where(b.cluster_id == cluster_id).order_by(b.received_at).limit(1)).scalar()
-    session.execute(update(Cluster.__table__).where(c.id == cluster_id).values(
-        first_seen=first, last_seen=last, min_build=lo, max_build=hi, first_version=first_version,
-        machines=c.machines + machines_delta, updated_at=utcnow()))
-
-
-def _count_out(session: Session, cluster_id: int, row: Bundle, bundle_facets: set[tuple[str, str]]) -> None:
-    """Remove one bundle from a cluster's counters and the totals; call after the row left the cluster."""
-    c = Cluster.__table__.c
-    session.execute(update(Cluster.__table__).where(c.id == cluster_id).values(count=c.count - 1))
-    gone_machines = 0
-    ft = ClusterFacet.__table__
-    for kind, value in sorted(bundle_facets):
-        n = session.execute(
-            update(ft).where(ft.c.cluster_id == cluster_id, ft.c.kind == kind, ft.c.value == value)
-            .values(count=ft.c.count - 1).returning(ft.c.count)).scalar_one_or_none()
-        if n is not None and n <= 0:
-            session.execute(delete(ft).where(ft.c.cluster_id == cluster_id, ft.c.kind == kind, ft.c.value == value))
-            if kind == "machine":
-                gone_machines += 1
-    _add_totals(session, Counter({kv: -1 for kv in bundle_facets}))
-    dtab = ClusterDay.__table__
-    day = as_utc(row.received_at).date()
-    session.execute(update(dtab).where(dtab.c.cluster_id == cluster_id, dtab.c.day == day)
-                    .values(count=dtab.c.count - 1))
-    session.execute(delete(dtab).where(dtab.c.cluster_id == cluster_id, dtab.c.day == day, dtab.c.count <= 0))
-    _recount_range(session, cluster_id, -gone_machines)
-
-
-def root_cluster(session: Session, cluster_id: int, *, lock: bool = False) -> int:
+def root_cluster(session: Session, cluster_id: int) -> int:
     """The cluster that holds the bundles of ``cluster_id``: itself, or the end of its merged_into chain."""
-    seen = set()
-    cid = cluster_id
-    while cid not in seen and len(seen) < 1000:
-        seen.add(cid)
-        stmt = select(Cluster.merged_into).where(Cluster.id == cid)
-        nxt = session.execute(stmt.with_for_update() if lock else stmt).scalar()
+    return _chain(session, cluster_id)[-1]
+
+
+def _chain(session: Session, cluster_id: int) -> list[int]:
+    """``cluster_id``, the cluster it is merged into, and so on to the one that is not merged (plain reads)."""
+    out = [cluster_id]
+    nxt = session.execute(select(CT.c.merged_into).where(CT.c.id == cluster_id)).scalar()
+    while nxt is not None:
+        if nxt in out or len(out) >= 1000:
+            raise ApiError(409, f"cluster {cluster_id} is in a merge cycle", code="conflict")
+        out.append(nxt)
+        nxt = session.execute(select(CT.c.merged_into).where(CT.c.id == nxt)).scalar()
+    return out
+
+
+def _pin(session: Session, ids: Iterable[int], *, exclusive: bool = False) -> dict[int, int | None]:
+    """Lock cluster rows in id order (lock order step 1): ``FOR KEY SHARE``, or ``FOR UPDATE`` when
+    ``exclusive``. Returns ``{id: merged_into}`` of the rows as they are now (missing ids: deleted)."""
+    stmt = select(CT.c.id, CT.c.merged_into).where(CT.c.id.in_(sorted(set(ids)))).order_by(CT.c.id)
+    stmt = stmt.with_for_update() if exclusive else stmt.with_for_update(read=True, key_share=True)
+    return dict(session.execute(stmt).all())
+
+
+def _follow(home: int, pinned: dict[int, int | None]) -> list[int] | None:
+    """The merged_into chain from ``home`` to its root through pinned rows (which no merge can change
+    while they are pinned); None when it leaves them (then more must be pinned)."""
+    out = [home]
+    while out[-1] in pinned:
+        nxt = pinned[out[-1]]
         if nxt is None:
-            return cid
-        cid = nxt
-    raise ApiError(409, f"cluster {cluster_id} is in a merge cycle", code="conflict")
+            return out
+        if nxt in out:
+            raise ApiError(409, f"cluster {home} is in a merge cycle", code="conflict")
+        out.append(nxt)
+    return None
+
+
+_PIN_BY_KEY = (select(CT.c.id, CT.c.merged_into)
+               .where(CT.c.scheme == bindparam("p_scheme", type_=CT.c.scheme.type),
+                      CT.c.key == bindparam("p_key", type_=CT.c.key.type)).with_for_update(read=True, key_share=True))
+
+
+def _pin_signature(session: Session, sig: dict, diagnosis: dict, chain: list[int] | None) -> tuple[int, int]:
+    """Pin the cluster of ``sig`` (creating it if needed) and, when it is merged, the clusters its
+    bundles go to. Returns ``(home, root)``: the signature's own cluster and the one that counts its
+    bundles. When the signature is merged this raises :class:`_Changed` with the clusters to pin; the
+    next attempt (``chain`` given, its first id the home) pins them all in id order."""
+    if chain is not None:
+        found = _follow(chain[0], _pin(session, chain))
+        if found is not None:
+            return found[0], found[-1]
+        raise _Changed([chain[0]] + sorted((set(chain) | set(_chain(session, chain[0]))) - {chain[0]}))
+    key = {"p_scheme": sig["scheme"], "p_key": sig["key"]}
+    row = session.execute(_PIN_BY_KEY, key).one_or_none()
+    if row is None:
+        made = session.execute(_insert(session)(CT).values(**_new_cluster_values(sig, diagnosis))
+                               .on_conflict_do_nothing(index_elements=["scheme", "key"]).returning(CT.c.id)).scalar()
+        if made is not None:
+            return made, made
+        row = session.execute(_PIN_BY_KEY, key).one()
+    if row.merged_into is None:
+        return row.id, row.id
+    raise _Changed(_chain(session, row.id))
+
+
+# -- uploads --------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Prepared:
+    """What an upload computes before its transaction: the content hash, the diagnosis, its
+    signature, the bundle's indexed facts and its facet values."""
+
+    digest: str
+    diagnosis: dict
+    sig: dict
+    facts: dict
+    facets: set[tuple[str, str]]
+
+
+def prepare(bundle: dict) -> Prepared:
+    """Analyse a validated bundle (its log parsed once) for :func:`ingest`; no database."""
+    diagnosis, devices = analysis.diagnose_with_devices(bundle)
+    facts, bundle_facets = analysis.facts_and_facets(bundle, diagnosis, devices)
+    return Prepared(analysis.content_hash(bundle), diagnosis, analysis.signature_of(diagnosis), facts, bundle_facets)
+
+
+_INSERT_BUNDLE = insert(BT)
 
 
 def ingest(db: Database, bundle: dict, *, size_bytes: int = 0, token_id: int | None = None,
-           received_at: dt.datetime | None = None, flagged: list[str] | None = None) -> IngestResult:
+           received_at: dt.datetime | None = None, flagged: list[str] | None = None,
+           prepared: Prepared | None = None) -> IngestResult:
     """Store a validated bundle; 201 when new, 200 when the same id holds the same content.
 
     Raises :class:`ApiError` 409 when the id is stored with different content. Safe under
     concurrent uploads of the same id (the loser of the insert race re-reads and answers 200/409).
+    The transaction pins the signature's cluster, inserts the bundle and adds its counts last
+    (:class:`Counts`), so uploads of one signature wait for each other only over those last
+    statements and the commit.
     """
-    digest = analysis.content_hash(bundle)
-    existing = _existing(db, bundle["id"], digest)
-    if existing is not None:
-        return existing
-    diagnosis = analysis.diagnose(bundle)
-    sig = analysis.signature_of(diagnosis)
-    facts, bundle_facets = analysis.facts_and_facets(bundle, diagnosis)
+    p = prepared or prepare(bundle)
     t = as_utc(received_at or utcnow())
-    build = facts["build_number"]
-    version = _version_of(build, facts["engine_version"])
-    failure = diagnosis.get("failure") or {}
-    first = {
-        "scheme": sig["scheme"], "key": sig["key"], "signature_id": sig["id"], "title": sig["title"],
-        "engine": analysis._cut(diagnosis.get("engine"), 40), "phase": analysis._cut(failure.get("phase"), 40),
-        "backend": analysis._cut(failure.get("backend"), 40), "verdict": analysis._cut(failure.get("verdict"), 40),
-        "count": 1, "machines": 0, "status": "new", "first_seen": t, "last_seen": t, "min_build": build,
-        "max_build": build, "first_version": version, "updated_at": utcnow(),
+    row = {
+        "id": bundle["id"], "content_hash": p.digest, "data": bundle, "diagnosis": p.diagnosis,
+        "analyzer_version": str(p.diagnosis.get("analyzer_version") or analysis.analyzer_version())[:40],
+        "created_at": str(bundle.get("created_at"))[:40], "received_at": t,
+        "size_bytes": min(int(size_bytes), 2**31 - 1), "token_id": token_id,
+        "flagged_secrets": list(flagged)[:100] if flagged else None, "facet_keys": facet_keys_of(p.facets),
+        **p.facts,
     }
+    chain = None
     try:
-        with db.write_lock(), db.Session() as session, session.begin():
-            # 1. the cluster row, created or counted in one upsert (this also takes its row lock first,
-            #    so concurrent uploads to one cluster queue here and never deadlock)
-            ct = Cluster.__table__
-            stmt = _insert(session)(ct).values(**first).on_conflict_do_update(
-                index_elements=["scheme", "key"], set_=_counter_updates(t, build, version, first["verdict"]),
-                where=ct.c.merged_into.is_(None)).returning(*ct.c)
-            crow = session.execute(stmt).one_or_none()
-            if crow is None:
-                # the signature's cluster was merged into another: the bundle counts in the survivor
-                home = session.execute(select(ct.c.id).where(ct.c.scheme == sig["scheme"], ct.c.key == sig["key"])
-                                       .with_for_update()).scalar_one()
-                target = root_cluster(session, home, lock=True)
-                crow = session.execute(update(ct).where(ct.c.id == target).values(
-                    **_counter_updates(t, build, version, first["verdict"])).returning(*ct.c)).one()
-            else:
-                home = crow.id
-            cluster = Cluster(**dict(crow._mapping))
-            # 2. the bundle (a duplicate id raises IntegrityError and rolls everything back)
-            session.execute(insert(Bundle.__table__).values(
-                id=bundle["id"], cluster_id=cluster.id, content_hash=digest, data=bundle, diagnosis=diagnosis,
-                analyzer_version=str(diagnosis.get("analyzer_version") or analysis.analyzer_version())[:40],
-                created_at=str(bundle.get("created_at"))[:40], received_at=t,
-                size_bytes=min(int(size_bytes), 2**31 - 1), token_id=token_id,
-                flagged_secrets=list(flagged)[:100] if flagged else None, home_cluster_id=home,
-                facet_keys=facet_keys_of(bundle_facets), **facts))
-            # 3. facets (of the cluster and over all bundles), distinct machines, per-day count
-            _count_facets_and_day(session, cluster.id, t, bundle_facets)
-        return IngestResult(201, bundle["id"], cluster, diagnosis)
+        for _attempt in range(RETRIES):
+            try:
+                with db.write_lock(), db.Session() as session, session.begin():
+                    home, root = _pin_signature(session, p.sig, p.diagnosis, chain)
+                    session.execute(_INSERT_BUNDLE, {**row, "cluster_id": root, "home_cluster_id": home})
+                    counts = Counts()
+                    counts.add(root, t, p.facets, engine=p.facts["engine_name"], build=p.facts["build_number"],
+                               engine_version=p.facts["engine_version"], verdict=p.facts["verdict"])
+                    cluster = counts.apply(session)[root]
+                return IngestResult(201, bundle["id"], cluster, p.diagnosis)
+            except _Changed as changed:
+                chain = changed.chain
+        raise ApiError(409, "the bundle's cluster kept being merged; try again", code="conflict")
     except IntegrityError:
-        existing = _existing(db, bundle["id"], digest)
+        existing = _existing(db, bundle["id"], p.digest)
         if existing is None:
             raise
         return existing
@@ -281,118 +249,181 @@ def _existing(db: Database, bundle_id: str, digest: str) -> IngestResult | None:
 
 def delete_bundle(db: Database, bundle_id: str) -> bool:
     """Purge a bundle; its cluster's counters follow (an emptied cluster stays, with count 0)."""
-    with db.write_lock(), db.Session() as session, session.begin():
-        row = session.get(Bundle, bundle_id, with_for_update=True)
-        if row is None:
-            return False
-        bundle_facets = counted_facets(row)
-        cluster_id = row.cluster_id
-        session.delete(row)
-        session.flush()
-        _count_out(session, cluster_id, row, bundle_facets)
-    return True
+    for _attempt in range(RETRIES):
+        try:
+            with db.write_lock(), db.Session() as session, session.begin():
+                cid = session.execute(select(BT.c.cluster_id).where(BT.c.id == bundle_id)).scalar()
+                if cid is None:
+                    return False
+                _pin(session, [cid])
+                row = session.execute(select(Bundle).where(Bundle.id == bundle_id).with_for_update()).scalar()
+                if row is None:
+                    return False
+                if row.cluster_id != cid:  # merged away meanwhile
+                    raise _Changed()
+                counts = Counts()
+                counts.remove(cid, row.received_at, counted_facets(row), engine=row.engine_name, build=row.build_number)
+                session.execute(delete(BT).where(BT.c.id == bundle_id))
+                counts.apply(session)
+            return True
+        except _Changed:
+            continue
+    raise ApiError(409, f"bundle {bundle_id} kept moving between clusters; try again", code="conflict")
 
 
-def reanalyze(db: Database, *, batch_size: int = 200, max_batches: int | None = None,
+# -- re-analysis ----------------------------------------------------------------------------------
+
+_TO_REDO = (BT.c.id, BT.c.cluster_id, BT.c.data, BT.c.diagnosis, BT.c.facet_keys, BT.c.analyzer_version,
+            BT.c.received_at, BT.c.engine_name, BT.c.build_number, BT.c.engine_version)
+
+
+def _reanalysis_of(row) -> dict:
+    """A stored bundle analysed again, and the facet values it had counted (no database)."""
+    diagnosis, devices = analysis.diagnose_with_devices(row.data)
+    facts, new_facets = analysis.facts_and_facets(row.data, diagnosis, devices)
+    return {"diagnosis": diagnosis, "sig": analysis.signature_of(diagnosis), "facts": facts, "facets": new_facets,
+            "old_facets": counted_facets(row)}
+
+
+def _pin_batch(session: Session, work: list[tuple], also: set[int]) -> tuple[dict, dict, set[int]]:
+    """Lock order step 1 for a re-analysis batch: create the clusters of new signatures, pin the
+    clusters the bundles are in and those their new signatures lead to. Returns ``{(scheme, key):
+    home}`` and ``{home: chain to its root}``, read from the pinned rows (which no merge can change
+    now). Raises :class:`_Changed` when a merge moved a chain beyond them, the clusters to pin added
+    to ``also`` for the next attempt."""
+    homes: dict[tuple, int] = {}
+    for _row, new in sorted(work, key=lambda w: (w[1]["sig"]["scheme"], w[1]["sig"]["key"])):
+        key = (new["sig"]["scheme"], new["sig"]["key"])
+        if key not in homes:
+            homes[key] = ensure_cluster(session, new["sig"], new["diagnosis"])
+    want = also | {row.cluster_id for row, _new in work}
+    for home in set(homes.values()):
+        want.update(_chain(session, home))
+    pinned = _pin(session, want)
+    chains = {home: _follow(home, pinned) for home in set(homes.values())}
+    if any(chain is None for chain in chains.values()):
+        also.update(c for home in homes.values() for c in _chain(session, home))
+        raise _Changed()
+    return homes, chains, set(pinned)
+
+
+def _write_batch(session: Session, current: str, work: list[tuple], also: set[int]) -> tuple[int, int, float]:
+    """The one transaction of a re-analysis batch: pin the clusters (:func:`_pin_batch`), lock the
+    bundle rows, skip those re-analysed or deleted since they were read, write the others and move
+    their counts. Returns (seen, moved, when the counter rows were first taken). ``also``: more clusters
+    to pin, learnt by an earlier attempt."""
+    b = BT.c
+    homes, chains, pinned = _pin_batch(session, work, also)
+    locked = {r.id: r for r in session.execute(
+        select(b.id, b.cluster_id, b.analyzer_version, b.facet_keys).where(b.id.in_([row.id for row, _n in work]))
+        .order_by(b.id).with_for_update(key_share=True))}  # FOR NO KEY UPDATE: outcomes may still refer to them
+    if any(r.cluster_id not in pinned for r in locked.values()):
+        also.update(r.cluster_id for r in locked.values())  # merged away meanwhile: pin where they are now
+        raise _Changed()
+    counts, updates, moved = Counts(), [], 0
+    for row, new in work:
+        now = locked.get(row.id)
+        if now is None or (now.analyzer_version, now.facet_keys) != (row.analyzer_version, row.facet_keys):
+            continue  # deleted or re-analysed meanwhile
+        facts, home = new["facts"], homes[(new["sig"]["scheme"], new["sig"]["key"])]
+        root, old = chains[home][-1], now.cluster_id
+        updates.append({**facts, "b_id": row.id, "diagnosis": new["diagnosis"], "analyzer_version": current[:40],
+                        "cluster_id": root, "home_cluster_id": home, "facet_keys": facet_keys_of(new["facets"])})
+        if root == old and (facts["build_number"], facts["engine_version"]) == (row.build_number, row.engine_version):
+            counts.recount(root, new["old_facets"], new["facets"], engines=(row.engine_name, facts["engine_name"]),
+                           build=row.build_number, verdict=facts["verdict"])
+        else:
+            counts.remove(old, row.received_at, new["old_facets"], engine=row.engine_name, build=row.build_number)
+            counts.add(root, row.received_at, new["facets"], engine=facts["engine_name"], build=facts["build_number"],
+                       engine_version=facts["engine_version"], verdict=facts["verdict"])
+            moved += int(root != old)
+        counts.titles[home] = new["sig"]["title"]
+    if updates:
+        cols = [k for k in updates[0] if k != "b_id"]
+        session.execute(update(BT).where(b.id == bindparam("b_id")).values({k: bindparam(k) for k in cols}), updates)
+    counts.apply(session)
+    return len(updates), moved, counts.started
+
+
+def _retrying(db: Database, work: Callable[[Session], tuple]) -> tuple:
+    """``work(session)`` in one write transaction, run again (up to :data:`RETRIES` times) when a
+    cluster changed under it or PostgreSQL broke a deadlock by failing it."""
+    for attempt in range(RETRIES):
+        try:
+            with db.write_lock(), db.Session() as session, session.begin():
+                return work(session)
+        except _Changed:
+            continue
+        except OperationalError as exc:
+            if attempt + 1 >= RETRIES or getattr(getattr(exc, "orig", None), "sqlstate", None) not in ("40P01", "40001"):
+                raise
+    raise ApiError(409, "the clusters kept changing; try again", code="conflict")
+
+
+def reanalyze(db: Database, *, batch_size: int = 50, max_batches: int | None = None,
               progress: Callable[[dict], None] | None = None) -> dict:
     """Re-run the analyzer over bundles whose ``analyzer_version`` differs from the current one, and
     over those stored before migration 0004 (their facet values of the new kinds are counted then).
 
-    Works in batches, each one transaction (bundle rows and counters move together), so it can be
-    stopped at any point and run again without double counting. Returns ``{"seen", "moved",
-    "batches", "remaining"}``.
+    Each batch reads its bundles without locks, analyses them outside any transaction, then writes
+    them in one short transaction (:func:`_write_batch`) whose counter changes go through
+    :class:`Counts` in the uploads' lock order; so re-analysis beside uploads holds no cluster row
+    for longer than those last statements, and it can be stopped at any point and run again without
+    double counting. Returns ``{"seen", "moved", "batches", "remaining", "longest_write_ms",
+    "longest_hold_ms"}``: the longest write transaction (retries included), and the longest time a
+    batch held counter rows (cluster, facet, day, build, total rows), from its first counter update to
+    its commit.
     """
     current = analysis.analyzer_version()
-    stats = {"seen": 0, "moved": 0, "batches": 0, "remaining": 0}
+    needs = or_(BT.c.analyzer_version != current, BT.c.facet_keys.is_(None))
+    stats = {"seen": 0, "moved": 0, "batches": 0, "remaining": 0, "longest_write_ms": 0.0, "longest_hold_ms": 0.0}
     last_id = ""
     while max_batches is None or stats["batches"] < max_batches:
-        with db.write_lock(), db.Session() as session, session.begin():
-            rows = session.execute(
-                select(Bundle).where(or_(Bundle.analyzer_version != current, Bundle.facet_keys.is_(None)),
-                                     Bundle.id > last_id)
-                .order_by(Bundle.id).limit(batch_size).with_for_update()).scalars().all()
-            if not rows:
-                break
-            for row in rows:
-                last_id = row.id
-                old_facets = counted_facets(row)
-                old_cluster = row.cluster_id
-                diagnosis = analysis.diagnose(row.data)
-                sig = analysis.signature_of(diagnosis)
-                home = ensure_cluster(session, sig, diagnosis)
-                new_cluster = root_cluster(session, home)
-                session.execute(update(Cluster.__table__).where(Cluster.__table__.c.id == home,
-                                                                Cluster.__table__.c.title != sig["title"])
-                                .values(title=sig["title"]))
-                row.diagnosis = diagnosis
-                row.analyzer_version = current[:40]
-                facts, new_facets = analysis.facts_and_facets(row.data, diagnosis)
-                for k, v in facts.items():
-                    setattr(row, k, v)
-                row.cluster_id = new_cluster
-                row.home_cluster_id = home
-                row.facet_keys = facet_keys_of(new_facets)
-                session.flush()
-                _count_out(session, old_cluster, row, old_facets)
-                _count_in(session, new_cluster, row, new_facets)
-                stats["seen"] += 1
-                stats["moved"] += int(new_cluster != old_cluster)
-            stats["batches"] += 1
+        with db.Session() as session:
+            rows = session.execute(select(*_TO_REDO).where(needs, BT.c.id > last_id).order_by(BT.c.id)
+                                   .limit(batch_size)).all()
+        if not rows:
+            break
+        last_id = rows[-1].id
+        work = [(row, _reanalysis_of(row)) for row in rows]
+        also: set[int] = set()
+        t0 = time.perf_counter()
+        seen, moved, counting = _retrying(db, lambda session, work=work, also=also:
+                                          _write_batch(session, current, work, also))
+        done = time.perf_counter()  # committed
+        stats["longest_write_ms"] = max(stats["longest_write_ms"], (done - t0) * 1000)
+        stats["longest_hold_ms"] = max(stats["longest_hold_ms"], (done - counting) * 1000)
+        stats["seen"] += seen
+        stats["moved"] += moved
+        stats["batches"] += 1
         if progress:
             progress(dict(stats))
     with db.Session() as session:
-        stats["remaining"] = session.execute(
-            select(func.count()).select_from(Bundle).where(
-                or_(Bundle.analyzer_version != current, Bundle.facet_keys.is_(None)))).scalar_one()
+        stats["remaining"] = session.execute(select(func.count()).select_from(BT).where(needs)).scalar_one()
     return stats
 
 
 # -- merges ---------------------------------------------------------------------------------------
 
-def _lock_clusters(session: Session, ids) -> dict[int, Cluster]:
-    """Row-lock clusters in id order (two maintainers merging crosswise cannot deadlock)."""
-    rows = session.execute(select(Cluster).where(Cluster.id.in_(sorted(set(ids)))).order_by(Cluster.id)
-                           .with_for_update()).scalars().all()
-    return {c.id: c for c in rows}
+_MOVED = (BT.c.id, BT.c.received_at, BT.c.build_number, BT.c.engine_version, BT.c.verdict, BT.c.facet_keys)
 
 
-def _move_bundles(session: Session, rows: list[Bundle], src: int, dst: int) -> None:
-    """Move bundles (all in cluster ``src``) to cluster ``dst``; both clusters' counters follow.
-    The totals over all bundles do not change (the same bundles, in another cluster)."""
-    if not rows:
-        return
-    facet_counts: Counter = Counter()
-    days: Counter = Counter()
-    for row in rows:
-        facet_counts.update(counted_facets(row))
-        days[as_utc(row.received_at).date()] += 1
-        row.cluster_id = dst
-    session.flush()
-    c = Cluster.__table__.c
-    ft, dtab = ClusterFacet.__table__, ClusterDay.__table__
-    n = len(rows)
-    session.execute(update(Cluster.__table__).where(c.id == src).values(count=c.count - n))
-    for (kind, value), k in sorted(facet_counts.items()):
-        session.execute(update(ft).where(ft.c.cluster_id == src, ft.c.kind == kind, ft.c.value == value)
-                        .values(count=ft.c.count - k))
-    session.execute(delete(ft).where(ft.c.cluster_id == src, ft.c.count <= 0))
-    for day, k in sorted(days.items()):
-        session.execute(update(dtab).where(dtab.c.cluster_id == src, dtab.c.day == day).values(count=dtab.c.count - k))
-    session.execute(delete(dtab).where(dtab.c.cluster_id == src, dtab.c.count <= 0))
-    for (kind, value), k in sorted(facet_counts.items()):
-        _upsert_count(session, ft, {"cluster_id": dst, "kind": kind, "value": value}, k)
-    for day, k in sorted(days.items()):
-        _upsert_count(session, dtab, {"cluster_id": dst, "day": day}, k)
-    session.execute(update(Cluster.__table__).where(c.id == dst).values(count=c.count + n))
-    for cid in (src, dst):
-        machines = session.execute(select(func.count()).select_from(ft).where(
-            ft.c.cluster_id == cid, ft.c.kind == "machine", ft.c.count > 0)).scalar_one()
-        session.execute(update(Cluster.__table__).where(c.id == cid).values(machines=machines))
-        _recount_range(session, cid)
-    verdicts = {r.verdict for r in rows if r.verdict and r.verdict != "unknown"}
-    if verdicts:
-        session.execute(update(Cluster.__table__).where(c.id == dst, (c.verdict.is_(None)) | (c.verdict == "unknown"))
-                        .values(verdict=sorted(verdicts)[0]))
+def _move_bundles(session: Session, where, src: int, dst: int) -> int:
+    """Move the bundles of cluster ``src`` that match ``where`` to cluster ``dst``; both clusters'
+    counters follow (the totals over all bundles do not change: the same bundles, in another cluster)."""
+    rows = session.execute(update(BT).where(BT.c.cluster_id == src, where).values(cluster_id=dst)
+                           .returning(*_MOVED)).all()
+    legacy = [r.id for r in rows if r.facet_keys is None]
+    old = {r.id: counted_facets(r) for r in session.execute(select(Bundle).where(Bundle.id.in_(legacy))).scalars()} \
+        if legacy else {}
+    counts = Counts()
+    for r in rows:  # the totals over all bundles and per build cancel out: the same bundles, elsewhere
+        facets = old[r.id] if r.facet_keys is None else counted_facets(r)
+        counts.remove(src, r.received_at, facets, engine=None, build=r.build_number)
+        counts.add(dst, r.received_at, facets, engine=None, build=r.build_number, engine_version=r.engine_version,
+                   verdict=r.verdict)
+    counts.apply(session)
+    return len(rows)
 
 
 def merge_clusters(db: Database, source_id: int, into_id: int) -> dict:
@@ -401,25 +432,26 @@ def merge_clusters(db: Database, source_id: int, into_id: int) -> dict:
     Returns ``{"merged", "into", "moved"}``; ApiError 404 / 409 when it cannot be done."""
     if source_id == into_id:
         raise ApiError(409, "a cluster cannot be merged into itself", code="conflict", field="into")
-    with db.write_lock(), db.Session() as session, session.begin():
+
+    def work(session: Session) -> tuple:
         for cid, field in ((source_id, None), (into_id, "into")):
             if session.get(Cluster, cid) is None:
                 raise ApiError(404, f"no cluster {cid}", code="not_found", field=field)
         target = root_cluster(session, into_id)
-        locked = _lock_clusters(session, (source_id, target))
-        src = locked[source_id]
-        if src.merged_into is not None:
-            raise ApiError(409, f"cluster {source_id} is already merged into cluster {src.merged_into}; "
-                                "unmerge it first", code="conflict")
         if target == source_id:
             raise ApiError(409, f"cluster {into_id} is merged into cluster {source_id}: merging back would "
                                 "make a loop", code="conflict", field="into")
-        src.merged_into = target
-        src.merged_at = utcnow()
-        rows = session.execute(select(Bundle).where(Bundle.cluster_id == source_id).order_by(Bundle.id)
-                               .with_for_update()).scalars().all()
-        _move_bundles(session, list(rows), source_id, target)
-        return {"merged": source_id, "into": target, "moved": len(rows)}
+        pinned = _pin(session, (source_id, target), exclusive=True)
+        if pinned.get(target, 0) is not None:
+            raise _Changed()  # the target was merged (or removed) meanwhile
+        if pinned.get(source_id) is not None:
+            raise ApiError(409, f"cluster {source_id} is already merged into cluster {pinned[source_id]}; "
+                                "unmerge it first", code="conflict")
+        session.execute(update(CT).where(CT.c.id == source_id).values(merged_into=target, merged_at=utcnow()))
+        return (target, _move_bundles(session, True, source_id, target))
+
+    target, moved = _retrying(db, work)
+    return {"merged": source_id, "into": target, "moved": moved}
 
 
 def _merged_under(session: Session, cluster_id: int) -> set[int]:
@@ -439,23 +471,25 @@ def _merged_under(session: Session, cluster_id: int) -> set[int]:
 def unmerge_cluster(db: Database, cluster_id: int) -> dict:
     """Undo a merge: the bundles of ``cluster_id``'s signature (and of the clusters merged into it)
     go back with their counts. Returns ``{"unmerged", "from", "moved"}``."""
-    with db.write_lock(), db.Session() as session, session.begin():
+
+    def work(session: Session) -> tuple:
         c = session.get(Cluster, cluster_id)
         if c is None:
             raise ApiError(404, f"no cluster {cluster_id}", code="not_found")
         if c.merged_into is None:
             raise ApiError(409, f"cluster {cluster_id} is not merged into another", code="conflict")
-        root = root_cluster(session, cluster_id)
-        locked = _lock_clusters(session, (cluster_id, root))
-        locked[cluster_id].merged_into = None
-        locked[cluster_id].merged_at = None
-        session.flush()
-        homes = _merged_under(session, cluster_id)
-        rows = session.execute(select(Bundle).where(
-            Bundle.cluster_id == root, func.coalesce(Bundle.home_cluster_id, Bundle.cluster_id).in_(sorted(homes)))
-            .order_by(Bundle.id).with_for_update()).scalars().all()
-        _move_bundles(session, list(rows), root, cluster_id)
-        return {"unmerged": cluster_id, "from": root, "moved": len(rows)}
+        chain = _chain(session, cluster_id)
+        root = chain[-1]
+        pinned = _pin(session, (cluster_id, root), exclusive=True)
+        if pinned.get(cluster_id) != chain[1] or pinned.get(root, 0) is not None:
+            raise _Changed()
+        session.execute(update(CT).where(CT.c.id == cluster_id).values(merged_into=None, merged_at=None))
+        homes = sorted(_merged_under(session, cluster_id))
+        return (root, _move_bundles(session, func.coalesce(BT.c.home_cluster_id, BT.c.cluster_id).in_(homes),
+                                    root, cluster_id))
+
+    root, moved = _retrying(db, work)
+    return {"unmerged": cluster_id, "from": root, "moved": moved}
 
 
 # -- demo data ------------------------------------------------------------------------------------
@@ -497,18 +531,18 @@ def remove_demo(db: Database, batch_size: int = 200) -> dict:
 
 
 def _drop_if_unused(session: Session, cid: int) -> bool:
-    """Delete an empty cluster that no bundle and no merged cluster refers to; True when deleted."""
-    b = Bundle.__table__.c
-    c = session.get(Cluster, cid)
+    """Delete an empty cluster that no bundle and no merged cluster refers to; True when deleted.
+    The row is locked first (lock order step 1): an upload that pinned it is counted by then."""
+    b = BT.c
+    c = session.execute(select(Cluster).where(Cluster.id == cid).with_for_update()).scalar()
     if c is None or c.count > 0:
         return False
-    used = session.execute(select(func.count()).select_from(Bundle.__table__).where(
+    used = session.execute(select(func.count()).select_from(BT).where(
         (b.cluster_id == cid) | (b.home_cluster_id == cid))).scalar_one()
     merged = session.execute(select(func.count()).select_from(Cluster).where(Cluster.merged_into == cid)).scalar_one()
     if used or merged:
         return False
     session.execute(delete(ClusterFacet.__table__).where(ClusterFacet.__table__.c.cluster_id == cid))
     session.execute(delete(ClusterDay.__table__).where(ClusterDay.__table__.c.cluster_id == cid))
-    session.delete(c)
-    session.flush()
+    session.execute(delete(CT).where(CT.c.id == cid))
     return True

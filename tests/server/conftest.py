@@ -13,7 +13,8 @@ import shutil
 import pytest
 from server_helpers import create_pg_database, drop_pg_database
 
-TABLES = "outcome_suggestions, outcomes, bundles, cluster_facets, cluster_days, facet_totals, clusters, api_tokens, users"
+TABLES = ("outcome_suggestions, outcomes, bundles, cluster_facets, cluster_days, facet_totals, engine_builds, clusters, "
+          "api_tokens, users")
 
 
 @pytest.fixture(scope="session")

@@ -108,12 +108,13 @@ FAILURE_CASES = [
 
 
 def scan(db) -> dict:
-    """True when every cluster's counters equal what a full scan of the bundles table gives
-    (else the two views, for the assertion message)."""
+    """True when every cluster's counters (count, machines, facets, days, first/last seen, build range,
+    first version), the facet totals and the bundles per engine build equal what a full scan of the
+    bundles table gives (else the two views, for the assertion message)."""
     from sqlalchemy import select
 
     from kvreport_server import analysis, store
-    from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet, FacetTotal
+    from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet, EngineBuild, FacetTotal
 
     with db.Session() as s:
         rows = s.execute(select(Bundle)).scalars().all()
@@ -124,8 +125,13 @@ def scan(db) -> dict:
         got_totals = Counter({(t.kind, t.value): t.count for t in s.execute(select(FacetTotal)).scalars()})
         if +totals != got_totals:
             return {"facet_totals": (got_totals, totals)}
+        builds = Counter((b.engine_name, b.build_number) for b in rows
+                         if b.engine_name is not None and b.build_number is not None)
+        got_builds = Counter({(e.engine, e.build_number): e.count for e in s.execute(select(EngineBuild)).scalars()})
+        if builds != got_builds:
+            return {"engine_builds": (got_builds, builds)}
         expect = defaultdict(lambda: {"count": 0, "machines": set(), "facets": Counter(), "days": Counter(),
-                                      "first": None, "last": None})
+                                      "first": None, "last": None, "builds": set(), "first_rows": []})
         for b in rows:
             e = expect[b.cluster_id]
             e["count"] += 1
@@ -136,14 +142,26 @@ def scan(db) -> dict:
             e["days"][t.date()] += 1
             e["first"] = min(e["first"] or t, t)
             e["last"] = max(e["last"] or t, t)
+            if b.build_number is not None:
+                e["builds"].add(b.build_number)
+        for b in rows:  # the engine versions of a cluster's earliest bundles (ties: any of them)
+            e = expect[b.cluster_id]
+            if store.as_utc(b.received_at) == e["first"]:
+                e["first_rows"].append(b.engine_version)
         got = {}
         for c in s.execute(select(Cluster)).scalars():
             facets = Counter({(f.kind, f.value): f.count for f in
                               s.execute(select(ClusterFacet).where(ClusterFacet.cluster_id == c.id)).scalars()})
             days = Counter({d.day: d.count for d in
                             s.execute(select(ClusterDay).where(ClusterDay.cluster_id == c.id)).scalars()})
-            got[c.id] = (c.count, c.machines, facets, days, store.as_utc(c.first_seen), store.as_utc(c.last_seen))
-    want = {cid: (e["count"], len(e["machines"]), e["facets"], e["days"], e["first"], e["last"])
+            e = expect.get(c.id)
+            # first version: b<lowest build>, else the engine version of the earliest bundle
+            version_ok = e is None or (c.first_version == f"b{min(e['builds'])}" if e["builds"]
+                                       else c.first_version in e["first_rows"])
+            got[c.id] = (c.count, c.machines, facets, days, store.as_utc(c.first_seen), store.as_utc(c.last_seen),
+                         c.min_build, c.max_build, version_ok)
+    want = {cid: (e["count"], len(e["machines"]), e["facets"], e["days"], e["first"], e["last"],
+                  min(e["builds"], default=None), max(e["builds"], default=None), True)
             for cid, e in expect.items()}
     for cid, val in got.items():
         if cid not in want:

@@ -101,8 +101,13 @@ def test_create_user(db_url):
     assert r.exit_code == 2
 
 
-def test_reanalyze_command(db_url):
+def test_reanalyze_command(db_url, monkeypatch):
+    import os
+
     from kvreport_server import store
+
+    niced = []
+    monkeypatch.setattr(os, "nice", niced.append)  # not the test process's own priority
 
     db = Database(db_url)
     try:
@@ -113,7 +118,8 @@ def test_reanalyze_command(db_url):
         db.dispose()
     r = invoke("admin", "reanalyze", "--batch-size", "10", "--database-url", db_url)
     assert r.exit_code == 0, r.output
-    assert "1 bundles re-analyzed" in r.stderr and "0 remaining" in r.stderr
+    assert "1 bundles re-analyzed" in r.stderr and "0 remaining" in r.stderr and "longest write" in r.stderr
+    assert niced == [10]  # below normal priority by default: uploads sharing the cores go first
 
 
 def test_demo_loader(db_url, tmp_path):

@@ -8,8 +8,8 @@ from sqlalchemy import create_engine, inspect
 
 from kvreport_server import migrate
 
-TABLES = {"clusters", "bundles", "cluster_facets", "cluster_days", "facet_totals", "api_tokens", "users", "outcomes",
-          "outcome_suggestions"}
+TABLES = {"clusters", "bundles", "cluster_facets", "cluster_days", "facet_totals", "engine_builds", "api_tokens", "users",
+          "outcomes", "outcome_suggestions"}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -76,3 +76,31 @@ def test_jsonb_on_postgresql(pg_url):
     finally:
         engine.dispose()
     assert type(cols["data"]).__name__ == "JSONB"
+
+
+def test_0006_fills_engine_builds_from_the_stored_bundles(empty_url):
+    """Bundles stored, the schema taken back to 0005 (engine_builds gone) and up again: the table is
+    filled from the bundles, equal to a full scan, and the regression view reads it."""
+    from server_helpers import assert_consistent, minimal_bundle
+
+    from kvreport_server import store
+    from kvreport_server.db import Database
+    from kvreport_server.queries import regression
+
+    migrate.upgrade(empty_url)
+    db = Database(empty_url)
+    try:
+        for build in (6100, 6100, 6101, 6102):
+            store.ingest(db, minimal_bundle(engine={"name": "llama.cpp", "version": f"b{build}", "build_number": build}))
+        last = store.ingest(db, minimal_bundle(engine={"name": "llama.cpp", "version": "b7000", "build_number": 7000},
+                                               log={"line_count": 1, "truncated": False, "source": "test",
+                                                    "lines": [[1, "main: server is listening"]]}))
+        db.dispose()
+        migrate.downgrade(empty_url, "0005")
+        assert "engine_builds" not in tables(empty_url)
+        migrate.upgrade(empty_url)
+        assert_consistent(db)
+        with db.Session() as s:
+            assert regression(s, last.cluster)["earlier_bundles"] == 4
+    finally:
+        db.dispose()

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import threading
+import traceback
 
+import pytest
 from server_helpers import FAILURE_CASES, assert_consistent, bundle_from_case, minimal_bundle
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from kvreport_server import analysis, store
 from kvreport_server.models import Bundle, Cluster
@@ -84,16 +86,16 @@ def test_reanalyze_moves_bundles_resumably(db, monkeypatch):
         before = s.execute(select(Cluster.id, Cluster.count).where(Cluster.count > 0)).all()
     assert len(before) == 1 and before[0].count == 10
 
-    real = analysis.diagnose
+    real = analysis.diagnose_with_devices
 
     def diagnose_v2(bundle):
-        d = real(bundle)
+        d, devices = real(bundle)
         if (bundle.get("engine") or {}).get("build_number", 0) % 2:
             d = {**d, "signature": {**d["signature"], "key": "llama.cpp/kv_cache/cpu/odd-build",
                                     "title": "odd builds", "id": "odd"}}
-        return {**d, "analyzer_version": "test-v2"}
+        return {**d, "analyzer_version": "test-v2"}, devices
 
-    monkeypatch.setattr(analysis, "diagnose", diagnose_v2)
+    monkeypatch.setattr(analysis, "diagnose_with_devices", diagnose_v2)
     monkeypatch.setattr(analysis, "analyzer_version", lambda: "test-v2")
     first = store.reanalyze(db, batch_size=3, max_batches=1)  # stopped after one batch
     assert first["seen"] == 3 and first["remaining"] == 7
@@ -139,3 +141,73 @@ def test_sort_by_trend_and_sparkline(db):
     assert by_count[0]["count"] == 3 and by_trend[0]["count"] == 1
     assert [c["trend"] for c in by_trend] == [1, -3]
     assert by_count[0]["sparkline"][-11] == 3 and by_trend[0]["sparkline"][-1] == 1
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_uploads_beside_reanalysis_and_merges_neither_deadlock_nor_miscount(db, monkeypatch):
+    """PostgreSQL, real row locks: 4 threads upload bundles of the failure cases while re-analysis
+    moves 48 stored bundles between clusters in batches of 4 and a maintainer merges and unmerges
+    two of those clusters. Every upload is stored (a deadlock or lock error would fail it), the
+    re-analysis sees every old bundle, and the counters equal a full scan."""
+    import hashlib
+
+    real = analysis.diagnose_with_devices
+
+    def diagnose_v2(bundle):  # odd ids of the first three cases get a signature of their own
+        d, devices = real(bundle)
+        if int(hashlib.sha256(bundle["id"].encode()).hexdigest(), 16) % 2 and d["signature"]["key"] in moving:
+            d = {**d, "signature": {**d["signature"], "key": d["signature"]["key"] + "/v2", "title": "v2"}}
+        return {**d, "analyzer_version": "test-v2"}, devices
+
+    old = [bundle_from_case(case) for case in FAILURE_CASES * 6]
+    results = [store.ingest(db, b) for b in old]
+    moving = {r.diagnosis["signature"]["key"] for r in results[:3]}
+    with db.Session() as s, s.begin():
+        s.execute(update(Bundle).values(analyzer_version="test-v1"))
+    monkeypatch.setattr(analysis, "diagnose_with_devices", diagnose_v2)
+    monkeypatch.setattr(analysis, "analyzer_version", lambda: "test-v2")
+    a, b = sorted({r.cluster.id for r in results})[:2]
+
+    errors: list[BaseException] = []
+    uploading = threading.Event()
+    overlap = []
+
+    def guarded(fn):
+        def run():
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+                errors.append(exc)
+        return run
+
+    def uploader(k):
+        for case in (FAILURE_CASES * 4)[k::4]:
+            assert store.ingest(db, bundle_from_case(case)).status == 201
+
+    def reanalysis():
+        uploading.wait(30)
+        stats = store.reanalyze(db, batch_size=4, progress=lambda s: overlap.append(any(t.is_alive() for t in ups)))
+        assert stats["seen"] == len(old) and stats["remaining"] == 0, stats
+
+    def maintainer():
+        uploading.wait(30)
+        for _ in range(3):
+            store.merge_clusters(db, a, b)
+            store.unmerge_cluster(db, a)
+
+    ups = [threading.Thread(target=guarded(lambda k=k: uploader(k))) for k in range(4)]
+    others = [threading.Thread(target=guarded(reanalysis)), threading.Thread(target=guarded(maintainer))]
+    for t in others + ups:
+        t.start()
+    uploading.set()
+    for t in ups + others:
+        t.join(300)
+        assert not t.is_alive(), "a writer hung"
+    assert not errors, ["".join(traceback.format_exception(e)) for e in errors]
+    assert any(overlap), "re-analysis finished no batch while uploads ran"
+    with db.Session() as s:
+        assert s.execute(select(func.count()).select_from(Bundle)).scalar_one() == len(old) + 4 * len(FAILURE_CASES)
+        assert s.execute(select(func.sum(Cluster.count))).scalar_one() == len(old) + 4 * len(FAILURE_CASES)
+        assert s.execute(select(func.count()).select_from(Bundle).where(Bundle.analyzer_version != "test-v2")
+                         ).scalar_one() == 0
+    assert_consistent(db)

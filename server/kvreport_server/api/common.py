@@ -28,6 +28,5 @@ def cluster_ref(c: Cluster, session=None) -> dict:
     if session is not None:
         from kvreport_server.outcomes import what_worked
 
-        # the cluster as committed (an upload's row predates its distinct-machine count)
-        ref["what_worked"] = what_worked(session, session.get(Cluster, c.id) or c)
+        ref["what_worked"] = what_worked(session, c)  # an upload's cluster is its row as committed
     return ref
