@@ -93,8 +93,13 @@ def devices_in_log(bundle: dict) -> list[dict]:
     bundle = bundle if isinstance(bundle, dict) else {}
     log = bundle.get("log") if isinstance(bundle.get("log"), dict) else {}
     lines = log.get("lines") if isinstance(log.get("lines"), list) else []
+    return devices_of_facts(parse_log(lines))
+
+
+def devices_of_facts(facts: LogFacts) -> list[dict]:
+    """:func:`devices_in_log` of an already parsed log (the server parses each upload's log once)."""
     out: list[dict] = []
-    for key, dev in parse_log(lines).devices.items():
+    for key, dev in facts.devices.items():
         key = str(key)
         backend = backend_of_device(key)
         description = dev.get("description")

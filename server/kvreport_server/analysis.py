@@ -93,22 +93,10 @@ def diagnose_with_devices(bundle: dict) -> tuple[dict, list[dict]]:
 
 
 def _log_devices(facts) -> list[dict]:
-    """``kvreport.analyze.devices_in_log`` of an already parsed log (the same entries in the same order;
-    the analyzer offers no function that takes parsed facts)."""
-    from kvreport.vocab import backend_of_device
+    """``kvreport.analyze.devices_in_log`` of an already parsed log."""
+    from kvreport.analyze import devices_of_facts
 
-    out: list[dict] = []
-    for key, dev in facts.devices.items():
-        key = str(key)
-        backend = backend_of_device(key)
-        description = dev.get("description")
-        if backend == "cpu" or key.upper() == "CPU" or (backend is None and not description):
-            continue
-        digits = key[len(key.rstrip("0123456789")):]
-        entry = {"backend": backend, "index": int(digits) if digits else None, "name": str(description or key).strip(),
-                 "device": key, "total_mib": dev.get("total_mib"), "free_mib": dev.get("free_mib"), "source": "log"}
-        out.append({k: v for k, v in entry.items() if v is not None})
-    return out
+    return devices_of_facts(facts)
 
 
 def explain(bundle: dict) -> list[dict]:
