@@ -39,6 +39,11 @@ import sys as _sys  # noqa: E402
 _BESIDE = str(ROOT.parent.resolve()) + _os.sep
 _INSIDE = str(ROOT.resolve()) + _os.sep
 _ALLOWED = tuple({str(Path(p).resolve()) + _os.sep for p in (_sys.prefix, _sys.base_prefix, *_sys.path) if p})
+# a clone inside the temporary directory (e.g. /tmp/clone) still lets the tests use their own temporary files there
+# (pytest's basetemp, tempfile's "tmp..." folders), not a sibling checkout
+import tempfile as _tempfile  # noqa: E402
+
+_TEMP_OWN = tuple(str(Path(_tempfile.gettempdir()).resolve()) + _os.sep + prefix for prefix in ("pytest-of-", "tmp"))
 
 
 def _outside_reads(event: str, args: tuple) -> None:
@@ -49,7 +54,7 @@ def _outside_reads(event: str, args: tuple) -> None:
     except (TypeError, ValueError):
         return
     p = path + _os.sep
-    if p.startswith(_BESIDE) and not p.startswith(_INSIDE) and not p.startswith(_ALLOWED):
+    if p.startswith(_BESIDE) and not p.startswith(_INSIDE) and not p.startswith(_ALLOWED + _TEMP_OWN):
         raise PermissionError(f"test read {path}: beside the repository (copy it into tests/data)")
 
 
