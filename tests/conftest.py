@@ -43,7 +43,8 @@ _ALLOWED = tuple({str(Path(p).resolve()) + _os.sep for p in (_sys.prefix, _sys.b
 # (pytest's basetemp, tempfile's "tmp..." folders), not a sibling checkout
 import tempfile as _tempfile  # noqa: E402
 
-_TEMP_OWN = tuple(str(Path(_tempfile.gettempdir()).resolve()) + _os.sep + prefix for prefix in ("pytest-of-", "tmp"))
+_TEMP_DIR = str(Path(_tempfile.gettempdir()).resolve()) + _os.sep
+_TEMP_OWN = tuple(_TEMP_DIR + prefix for prefix in ("pytest-of-", "tmp"))
 
 
 def _outside_reads(event: str, args: tuple) -> None:
@@ -54,6 +55,8 @@ def _outside_reads(event: str, args: tuple) -> None:
     except (TypeError, ValueError):
         return
     p = path + _os.sep
+    if p == _TEMP_DIR:  # tempfile opens the folder itself (its O_TMPFILE probe)
+        return
     if p.startswith(_BESIDE) and not p.startswith(_INSIDE) and not p.startswith(_ALLOWED + _TEMP_OWN):
         raise PermissionError(f"test read {path}: beside the repository (copy it into tests/data)")
 
