@@ -40,11 +40,11 @@ _BESIDE = str(ROOT.parent.resolve()) + _os.sep
 _INSIDE = str(ROOT.resolve()) + _os.sep
 _ALLOWED = tuple({str(Path(p).resolve()) + _os.sep for p in (_sys.prefix, _sys.base_prefix, *_sys.path) if p})
 # a clone inside the temporary directory (e.g. /tmp/clone) still lets the tests use their own temporary files there
-# (pytest's basetemp, tempfile's "tmp..." folders), not a sibling checkout
+# (pytest's basetemp, tempfile's "tmp..." files, kvreport's own "kvreport-..." spools), not a sibling checkout
 import tempfile as _tempfile  # noqa: E402
 
 _TEMP_DIR = str(Path(_tempfile.gettempdir()).resolve()) + _os.sep
-_TEMP_OWN = tuple(_TEMP_DIR + prefix for prefix in ("pytest-of-", "tmp"))
+_TEMP_OWN = tuple(_TEMP_DIR + prefix for prefix in ("pytest-of-", "tmp", "kvreport-"))
 
 
 def _outside_reads(event: str, args: tuple) -> None:
