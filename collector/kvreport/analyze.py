@@ -47,7 +47,7 @@ import json
 from kvreport import fixes, strict
 from kvreport.logs import LogFacts, parse_log
 from kvreport.logs.common import MIB, to_float, to_int
-from kvreport.logs.oom import backend_of_words
+from kvreport.logs.oom import HOST_RULES, backend_of_words
 from kvreport.signature import signature
 from kvreport.units import BYTES_PER_VALUE, fmt_mib
 from kvreport.vocab import BACKEND_DEVICE_PREFIX, ENGINES, backend_of_device  # noqa: F401 - re-exported
@@ -560,9 +560,8 @@ class _Diagnosis:
         terminated``)."""
         # the host's own out-of-memory words (the OOM killer's "Killed", ENOMEM, bad_alloc) after a device failure an
         # engine rule placed are how the process ended, not the failing device
-        host = ("oom-killer", "enomem", "bad-alloc", "python-memoryerror")
         evs = [e for e in real if e["kind"] == "oom" and not e.get("generic") and e.get("memory", True)
-               and not (e.get("rule") in host and out["phase"] in ("kv_capacity", "memory_budget"))]
+               and not (e.get("rule") in HOST_RULES and out["phase"] in ("kv_capacity", "memory_budget"))]
         if not evs:
             return
         ev = evs[-1]

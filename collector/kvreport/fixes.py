@@ -1185,7 +1185,9 @@ def metal_fraction_maxed(s: Situation) -> bool:
 
 def host_ran_out(s: Situation) -> bool:
     """The host itself ran out (the OOM killer, ENOMEM, std::bad_alloc): fewer GPU layers would put more on it."""
-    return s.oom_rule in ("oom-killer", "enomem", "bad-alloc", "python-memoryerror")
+    from kvreport.logs.oom import HOST_RULES
+
+    return s.oom_rule in HOST_RULES
 
 
 def budget_gap_small(s: Situation) -> bool:

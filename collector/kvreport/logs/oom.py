@@ -449,6 +449,9 @@ _LOG_LEVEL_INFO = re.compile(r"(?:^|[\s\]|)])(?:INFO|DEBUG|level=INFO|level=DEBU
 _NET_SIZE = re.compile(r"(?i)allocat\w*\s+([\d.]+)\s*([KMGT]i?B)\b")
 _NOT_FAILURES = re.compile(r"(?i)\b(?:to avoid|avoid(?:s|ing)? (?:an? )?(?:oom|out of memory)|may run out|might run out|"
                            r"if you (?:run|get|see)|reduce .{0,40}to prevent|--help|usage:|prevent oom|oom[ _-]?(?:score|adj))")
+HOST_RULES = ("oom-killer", "enomem", "bad-alloc", "python-memoryerror")
+"""The rules whose line says the host itself ran out (the OOM killer, ENOMEM, std::bad_alloc, MemoryError)."""
+
 _BACKEND_WORDS = (("hip", "rocm"), ("rocm", "rocm"), ("rocblas", "rocm"), ("cuda", "cuda"), ("cublas", "cuda"),
                   ("musa", "musa"), ("vulkan", "vulkan"), ("vk", "vulkan"), ("metal", "metal"), ("mtl", "metal"),
                   ("sycl", "sycl"), ("xpu", "sycl"), ("opencl", "opencl"), ("cann", "cann"), ("npu", "cann"),

@@ -15,8 +15,8 @@ KEYWORDS = ("vLLM", "vllm", "KV cache", "max seq len", "gpu_memory_utilization",
             "Required:", "Auto-fit", "Application startup complete", "Starting vLLM", "reserved for KV Cache",
             # halves of messages pasted re-wrapped (kvreport.logs.WRAP_PHRASES)
             "memory utilization", "KV cache memory", "is needed", "Tried to allocate",
-            ".py:",  # the logger's "[file.py:N]" prefix
-            "max_num_batched_tokens=", "detected platform")
+            "max_num_batched_tokens=", "detected platform",
+            "Vllm")  # worker prefixes: "(RayWorkerVllm pid=...)", "(VllmWorkerProcess pid=...)"
 
 # vllm/logger.py: "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s" with "%m-%d %H:%M:%S" (2024+;
 # 2023: "%(filename)s:%(lineno)d]" without the bracket): "ERROR 03-13 09:00:43 [core.py:330] ..."
@@ -192,8 +192,9 @@ def _failure(f: LogFacts, line: str, lineno: int) -> bool:
             f.set_device(dev, "torch_oom", total_mib=total)
         # the step it was raised in (traceback frames, kvreport.logs.oom.STAGES), else: after the weights were
         # loaded it is the profiling / graph capture (compute); before, with vLLM's start-up lines seen, the weights
-        if stage_of(line) or f.py_stage:
-            phase = stage_of(line) or f.py_stage
+        stage = stage_of(line) or f.py_stage
+        if stage:
+            phase = stage
         elif f.stage == "profile" or "weights_mib" in v:
             phase = "compute_buffer"
         elif v.get("version") or v.get("config"):
