@@ -116,6 +116,28 @@ EXAMPLES = [
     ("kv-summary", "llama-server: failed to allocate KV cache (requested ctx=262144, gpu memory free=1024 MiB)",
      None, "kv_cache"),
     ("memory-words", "mystery-engine: allocation failed: insufficient memory on accelerator", None, "unknown"),
+    # llama.cpp#1815 (2023): the buffer name quoted
+    ("metal-buffer-max", "ggml_metal_add_buffer: buffer 'data' size 18300780544 is larger than buffer maximum of "
+                         "17179869184", "metal", "model_weights"),
+    # llama-server's 400 body as a client relayed it (tools/server exceed_context_size_error)
+    ("llama-server-exceed-context", '{"error":{"code":400,"message":"request (124315 tokens) exceeds the available '
+                                    'context size (123904 tokens), try increasing it","type":"exceed_context_size_error"'
+                                    '}}', None, "kv_capacity"),
+    ("llama-rn-context-full", "Completion failed: Context is full", None, "kv_capacity"),  # llama.rn (PocketPal)
+    # exllamav2 model.py load_autosplit_gen / exllamav3 model_ls.py initial_split (ExUI, tabbyAPI)
+    ("exllama-autosplit", "RuntimeError: Insufficient VRAM for model and cache", None, "memory_budget"),
+    ("exllama-autosplit", "RuntimeError: Insufficient VRAM in split for model and cache", None, "memory_budget"),
+    ("exllamav3-pages", "Job requires 485 pages (only 460 available) and cannot be enqueued. Total cache allocated is "
+                        "460 * 256 = 117760 tokens", None, "kv_capacity"),
+    ("ios-jetsam", "The app \u201cMLCChat\u201d has been killed by the operating system because it is using too much "
+                   "memory.", "cpu", "unknown"),
+    # examples/simple-chat, llama-run: their own context check, and llama_decode's 1 (no KV slot) as they abort on it
+    ("kv-slot", "context size exceeded", None, "kv_capacity"),
+    ("kv-slot", "/llama.cpp/examples/simple-chat/simple-chat.cpp:133: failed to decode, ret = 1", None, "kv_capacity"),
+    # torch_npu (vllm-ascend): the pre-2.1 form with a "current active" field and "NPU N"
+    ("torch-oom", "RuntimeError: NPU out of memory. Tried to allocate 3.47 GiB (NPU 0; 60.97 GiB total capacity; 58.92 "
+                  "GiB already allocated; 58.92 GiB current active; 1.66 GiB free; 58.95 GiB reserved in total by "
+                  "PyTorch)", "cann", "unknown"),
 ]
 
 
@@ -281,3 +303,56 @@ def test_backend_words_are_words_not_substrings():
     assert backend_of_words("torch.cuda.outofmemoryerror: hip out of memory.") == "rocm"
     assert backend_of_words("ggml-cann: npu:0 out of memory") == "cann"
     assert backend_of_words("vk::queue::submit: erroroutofdevicememory") == "vulkan"
+
+
+def test_torch_npu_message_gives_device_and_free():
+    """torch_npu's pre-2.1 form (vllm-ascend): "(NPU 1; T total capacity; A already allocated; A current active;
+    F free; ...)": the request, the free memory and the NPU as CANN<n>."""
+    d = analyze_text("RuntimeError: NPU out of memory. Tried to allocate 4.50 GiB (NPU 1; 60.96 GiB total capacity; "
+                     "52.87 GiB already allocated; 52.87 GiB current active; 2.77 GiB free; 56.89 GiB reserved in "
+                     "total by PyTorch)\n")
+    f = d["failure"]
+    assert (f["backend"], f["requested_mib"], f["free_mib"], f["verdict"]) == ("cann", 4608.0, 2836.48, "exceeds_free")
+
+
+def test_torch_message_wrapped_with_blank_lines_is_read_whole():
+    """A torch OOM pasted with its sentences on separate lines and blank lines between them (SGLang's "Capture cuda
+    graph failed" as rendered in an issue): the device and free memory of the third sentence belong to it."""
+    log = ("Exception: Capture cuda graph failed: CUDA out of memory.\n\nTried to allocate 672.00 MiB.\n\n"
+           "GPU 0 has a total capacity of 140.06 GiB of which 200.75 MiB is free.\n")
+    f = analyze_text(log)["failure"]
+    assert (f["phase"], f["failing_device"], f["requested_mib"], f["free_mib"], f["verdict"]) == (
+        "compute_buffer", "CUDA0", 672.0, 200.75, "exceeds_free")
+
+
+def test_load_error_names_the_buffer_type_as_device():
+    """llama.cpp's "unable to allocate CUDA0 buffer" relayed alone (Ollama's 500 to a client): weights on CUDA0."""
+    f = analyze_text("Ollama call failed with status code 500: llama runner process has terminated: error loading "
+                     "model: unable to allocate CUDA0 buffer\n")["failure"]
+    assert (f["phase"], f["backend"], f["failing_device"]) == ("model_weights", "cuda", "CUDA0")
+
+
+def test_backend_line_while_loading_is_the_weights_and_above_total_exceeds_free():
+    """ggml-cuda's own "allocating N MiB on device D: cudaMalloc failed" during the weights' load (model loader
+    lines before it), on a device whose init line prints less memory than the request: weights, exceeds_free."""
+    log = ("ggml_cuda_init: found 1 ROCm devices:\n"
+           "  Device 0: AMD Radeon 780M Graphics, gfx1103 (0x1103), VMM: no, Wave Size: 32, VRAM: 7882 MiB\n"
+           "done_getting_tensors: tensor 'token_embd.weight' (q8_0) (and 0 others) cannot be used with preferred "
+           "buffer type ROCm_Host, using CPU instead\n"
+           "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 8045.05 MiB on device 0: cudaMalloc failed: out of "
+           "memory\n")
+    d = analyze_text(log)
+    f = d["failure"]
+    assert (f["phase"], f["failing_device"], f["verdict"]) == ("model_weights", "ROCm0", "exceeds_free")
+    assert any(x["kind"] == "request_above_total" for x in d["findings"])
+
+
+@pytest.mark.parametrize(("line", "backend"), [
+    ("ROCm error: invalid device function", "rocm"),
+    ("cuBLAS error 15 at /go/src/github.com/jmorganca/ollama/llm/llama.cpp/gguf/ggml-cuda.cu:7586", "cuda"),
+])
+def test_ggml_cuda_errors_that_are_not_memory_are_failures(line, backend):
+    """ggml's CUDA error block with a reason that is not memory (ROCm builds print "ROCm error"; 2023 builds
+    "cuBLAS error N at FILE:LINE"): a failure of unknown phase on that backend, never "no failure"."""
+    f = analyze_text(line + "\n")["failure"]
+    assert (f["phase"], f["backend"], f["allocator_error"]) == ("unknown", backend, None)

@@ -207,7 +207,10 @@ class _Group:
                     # llama.cpp always follows with its own reason line ("failed to allocate buffer for kv cache")
                     # and which comes after the context stage began; with neither, the weights
                     return "model_weights"
-        return "unknown"
+        # only the backend's own line (ggml-cuda's "allocating N MiB on device D: cudaMalloc failed"): llama.cpp's
+        # stage when it came places it — still loading the weights, or creating the context (which buffer unknown)
+        stage = next((e.get("stage") for e in self.events if e["kind"] == "backend" and e.get("stage")), None)
+        return {"weights": "model_weights", "context": "context"}.get(stage or "", "unknown")
 
     def ggml(self) -> dict | None:
         for e in self.events:
@@ -732,6 +735,12 @@ class _Diagnosis:
         which the log shows exactly one device: that device."""
         if out["failing_device"] or out["phase"] == "none" or out["backend"] in ("unknown", "cpu"):
             return
+        named = next((e["device"] for e in reversed(self.f.events) if e["kind"] == "reason" and e.get("device")
+                      and backend_of_device(e["device"]) == out["backend"]), None)
+        if named:
+            out["failing_device"] = named
+            self.trail.setdefault("device_rule", "the buffer type llama.cpp's failure line names")
+            return
         devs = [n for n in self.f.devices if backend_of_device(n) == out["backend"]]
         if len(devs) == 1:
             out["failing_device"] = devs[0]
@@ -794,8 +803,21 @@ class _Diagnosis:
             # 5.3 GiB, 5.3 GiB available"), so equal figures are the check failing, not a fit
             slack = 0.01 * self.free_at_failure if out["phase"] == "memory_budget" else 0.0
             out["verdict"] = "exceeds_free" if req > self.free_at_failure - slack else "fits_but_failed"
+        elif req is not None and self._total_below(device, backend, req):
+            out["verdict"] = "exceeds_free"
         else:
             out["verdict"] = "unknown"
+
+    def _total_below(self, device: str | None, backend: str, req: float) -> bool:
+        """No free figure, but the device's whole memory (as its init line prints it: ``VRAM: 7882 MiB``) is below the
+        request: it exceeded what was free whatever that was. Not for Metal and host memory, whose printed totals
+        are a working-set recommendation or exclude swap."""
+        total = (self.f.devices.get(device or "") or {}).get("total_mib")
+        if not total or backend in ("metal", "cpu", "unknown") or req <= total:
+            return False
+        self.finding("request_above_total", f"the failed {_fmt(req)} MiB is more than {device}'s whole memory "
+                     f"({_fmt(total)} MiB): it cannot fit there, whatever else is loaded")
+        return True
 
     def _process_limit(self) -> tuple[float, str] | None:
         """The smallest per-process memory limit the bundle records, as (MiB, words), else None.

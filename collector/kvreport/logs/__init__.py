@@ -115,19 +115,23 @@ WRAP_PHRASES = ("out of memory. Tried to allocate", "KV cache is needed", "large
 
 WRAP_PAIRS = (("max seq len", "KV cache is needed"), ("max seq len", "maximum number of tokens that can be stored"),
               ("Free memory on device", "desired GPU memory utilization"), ("out of memory.", "Tried to allocate"),
+              ("Tried to allocate", "has a total capacity of"),
               ("model requires more", "than is available"), ("failed to allocate", "buffer of size"),
               ("Buffer overflow when allocating", "bytes available in AlignedAllocator"),
               ("using device", "MiB free"))
 """(start, continuation) of the same messages when the break falls between two phrases."""
 
 
-def wrap_join(prev: str, line: str) -> str | None:
+def wrap_join(prev: str, line: str, adjacent: bool = True) -> str | None:
     """``prev`` and ``line`` as one message when a :data:`WRAP_PHRASES` phrase appears only once they are joined
     (directly for a word cut in two, else with a space), or when ``line`` continues a :data:`WRAP_PAIRS` message
-    that ``prev`` began; else None."""
+    that ``prev`` began; else None. Not ``adjacent`` (one line between them: a paste that doubled its line breaks,
+    as Markdown renders them): only the :data:`WRAP_PAIRS`, whose two halves are each specific."""
     for start, cont in WRAP_PAIRS:
         if start in prev and cont in line and cont not in prev and start not in line:
             return prev + " " + line
+    if not adjacent:
+        return None
     if prev.endswith("(") and line[:1].isdigit() and _KEY.search(prev):
         return prev + line  # a number wrapped off its parenthesis: "... stored in KV cache (" / "3984). Try ..."
     for sep in ("", " "):
@@ -147,8 +151,8 @@ def _feed_one(f: LogFacts, raw, lineno: int) -> None:
         f.fold()  # a new run after a failure: count the failed run, keep only the new run's facts
     prev = f.prev_key
     f.prev_key = (lineno, line)
-    if prev and prev[0] == lineno - 1 and len(prev[1]) < 4000:
-        joined = wrap_join(prev[1], line)
+    if prev and lineno - 2 <= prev[0] < lineno and len(prev[1]) < 4000:
+        joined = wrap_join(prev[1], line, adjacent=prev[0] == lineno - 1)
         if joined is not None:
             _feed_parts(f, joined, lineno)
             return

@@ -163,7 +163,7 @@ def _stage(f: LogFacts, line: str, lineno: int) -> bool:
     if "load_tensors" in line or "llm_load_tensors" in line:
         f.stage = "weights"
         f.engine_hints["llama.cpp"] += 1
-    elif "llama_model_loader" in line:
+    elif "llama_model_loader" in line or "done_getting_tensors" in line:  # llama_model_loader::done_getting_tensors
         f.stage = "weights"
     elif any(k in line for k in _CONTEXT_STAGE):
         f.stage = "context"
@@ -414,7 +414,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("model hyperparameters (print_info / llm_load_print_meta)", ("print_info", "llm_load_print_meta"),
             _hparams),
     Section("GGUF key/values (llama_model_loader: - kv)", ("- kv ",), _gguf_kv),
-    Section("load stage", ("load_tensors", "llama_model_loader", *_CONTEXT_STAGE), _stage),
+    Section("load stage", ("load_tensors", "llama_model_loader", "done_getting_tensors", *_CONTEXT_STAGE), _stage),
     Section("auto-fit (kv-facts.md §3)", ("fitting params", "fit params", "fit_params", "projected to use",
                                           *_FIT_WORDS), _fit),
     Section("failure chain (kv-facts.md §1.10-1.11)", FAILURE_KEYWORDS, lambda f, line, n: _feed_failure(f, line, n)),
@@ -627,9 +627,16 @@ def _f_retry(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
     f.warnings.append(line[:500])
 
 
+# llama_model_load's "unable to allocate <buffer type> buffer" names the buffer type, i.e. the device ("CUDA0",
+# "ROCm1", "Vulkan0"; llama-model.cpp load_tensors), also when a program relays only that line
+_REASON_DEVICE = re.compile(r"unable to allocate ((?:CUDA|ROCm|MUSA|Vulkan|SYCL|CANN)\d+) buffer")
+
+
 def _f_reason(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
     phase = next(p for rx, p in _REASONS if rx.search(line))
-    f.add_event("reason", lineno, line, phase=phase, kv_update="kv_cache_update" in line)
+    dev = _REASON_DEVICE.search(line)
+    f.add_event("reason", lineno, line, phase=phase, kv_update="kv_cache_update" in line,
+                **({"device": dev.group(1)} if dev else {}))
     f.engine_hints["llama.cpp"] += 1  # llama.cpp's own exception texts (llama-context.cpp, llama-kv-cache.cpp)
     f.add_error(line)
     f.final_error = line

@@ -164,8 +164,8 @@ def _summary(m: re.Match) -> dict:
 _TORCH = (r"(?:(?P<be>CUDA|HIP|XPU|MPS|NPU) out of memory\.\s*)?Tried to allocate (?P<req>[\d.]+) ?(?P<ru>[KMGT]i?B|bytes)"
           r"(?:\.?\s*GPU (?P<dev>\d+) has a total capac(?:ity|ty) of\s+(?P<total>[\d.]+) ?(?P<tu>[KMGT]i?B) of\s+which\s+"
           r"(?P<free>[\d.]+) ?(?P<fu>[KMGT]i?B|bytes) is free"
-          r"|\s*\(GPU (?P<dev2>\d+); (?P<total2>[\d.]+) ?(?P<tu2>[KMGT]i?B) total(?: capacity)?;"
-          r"(?: [\d.]+ ?[KMGT]i?B already allocated;)? (?P<free2>[\d.]+) ?(?P<fu2>[KMGT]i?B|bytes) free)?")
+          r"|\s*\((?:GPU|NPU) (?P<dev2>\d+); (?P<total2>[\d.]+) ?(?P<tu2>[KMGT]i?B) total(?: capacity)?;"
+          r"(?: [\d.]+ ?(?:[KMGT]i?B|bytes) (?:already allocated|current active);)* (?P<free2>[\d.]+) ?(?P<fu2>[KMGT]i?B|bytes) free)?")
 _TORCH_RX = re.compile(_TORCH)
 
 RULES: tuple[OomRule, ...] = (
@@ -217,8 +217,9 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"failed to allocate '(?P<name>[^']*)' buffer, size = (?P<size>[\d.]+) ?(?P<unit>MB|MiB|GB|GiB)"),
             "metal", "ggml-metal.m ggml_metal_add_buffer (2023-2024 builds)", read=_metal_buf),
     OomRule("metal-buffer-max", ("larger than buffer maximum",),
-            re.compile(r"buffer (?P<name>\w+) size (?P<size>\d+) is larger than buffer maximum of (?P<max>\d+)"),
-            "metal", "ggml-metal.m ggml_metal_add_buffer (2023): one buffer above the device's maxBufferLength",
+            re.compile(r"buffer '?(?P<name>\w+)'? size (?P<size>\d+) is larger than buffer maximum of (?P<max>\d+)"),
+            "metal", "ggml-metal.m ggml_metal_add_buffer (2023): one buffer above the device's maxBufferLength (the name "
+            "quoted: \"buffer 'data' size N is larger than buffer maximum of M\", llama.cpp#1815)",
             read=lambda m: {**_metal_buf(m), "mib": _mib(m.group("size"), None), "limit_mib": _mib(m.group("max"), None)}),
     OomRule("metal-iogpu-oom", ("kIOGPUCommandBufferCallbackErrorOutOfMemory", "Insufficient Memory"),
             re.compile(r"kIOGPUCommandBufferCallbackErrorOutOfMemory|Insufficient Memory \(0+8|"
@@ -294,6 +295,11 @@ RULES: tuple[OomRule, ...] = (
                        r"^(?:\S+: )?Killed(?:\s+\S.*)?$|\bKilled\s+(?:python\S*|llama\S*|ollama\S*|vllm\S*)"),
             "cpu", "Linux OOM killer (dmesg), shells' 'Killed', Go's 'signal: killed', docker OOMKilled"),
     OomRule("python-memoryerror", ("MemoryError",), re.compile(r"\bMemoryError\b(?!\w)"), "cpu", "Python MemoryError"),
+    # -- iOS / iPadOS jetsam, as the system tells the user: "The app “X” has been killed by the operating system
+    #    because it is using too much memory." (the process's memory limit, not a device allocation)
+    OomRule("ios-jetsam", ("using too much memory",),
+            re.compile(r"killed by the operating system because it is using too much memory"), "cpu",
+            "iOS jetsam's memory-limit notice (MLC Chat and other phone apps)"),
     # -- engines' own messages that say memory could not be had, in any wording not read by their parsers
     OomRule("turbomind-oom", ("[TM][ERROR]", "TurboMind", "turbomind"),
             re.compile(r"\[TM\]\[ERROR\].{0,200}?out of memory", re.I),
@@ -320,16 +326,39 @@ RULES: tuple[OomRule, ...] = (
     #    in the KV cache"; Ollama's runner "could not find a kv cache slot"
     OomRule("kv-slot", ("KV cache slot", "kv cache slot", "memory slot for", "free space in the KV cache",
                         "failed to prepare attention ubatches", "KV cache is full", "too big compared to KV size",
-                        "Context size has been exceeded", "context size has been exceeded"),
+                        "Context size has been exceeded", "context size has been exceeded", "context size exceeded",
+                        "failed to decode, ret = 1"),
             re.compile(r"(?i:failed to find (?:a )?(?:kv cache slot|memory slot for (?:u?batch)|free space in the kv cache)"
                        r"|failed to prepare attention ubatches|kv cache is full|too big compared to kv size"
-                       r"|context size has been exceeded)"),
+                       r"|context size has been exceeded|^context size exceeded$|failed to decode, ret = 1\b)"),
             None, "llama.cpp llama_decode (llama-context.cpp), the hybrid memory's init_batch (llama-memory-hybrid.cpp), "
             "llama-server update_slots ('failed to decode the batch: KV cache is full', 'Input prompt is too big "
-            "compared to KV size', 'Context size has been exceeded')", phase="kv_capacity", engine="llama.cpp"),
+            "compared to KV size', 'Context size has been exceeded'); examples/simple-chat and llama-run's own check "
+            "('context size exceeded' alone on its line); llama_decode's return value 1, 'could not find a KV slot for the "
+            "batch' (llama.h), as the examples abort on it ('failed to decode, ret = 1')", phase="kv_capacity",
+            engine="llama.cpp"),
     OomRule("kv-slot-ollama", ("could not find a kv cache slot", "could not find a KV cache slot"),
             re.compile(r"(?i:could not find a kv cache slot)"), None, "Ollama runner kvcache/causal.go (2024-2026)",
             phase="kv_capacity", engine="ollama"),
+    # -- llama-server (2025+) refuses a request longer than the slot's context: error JSON "request (N tokens) exceeds
+    #    the available context size (M tokens), try increasing it", "type":"exceed_context_size_error"
+    OomRule("llama-server-exceed-context", ("exceed_context_size_error", "exceeds the available context size"),
+            re.compile(r"exceed_context_size_error|exceeds the available context size"), None,
+            "llama.cpp tools/server (ERROR_TYPE_EXCEED_CONTEXT_SIZE), as clients relay its 400 body",
+            phase="kv_capacity", engine="llama.cpp"),
+    # -- llama.rn (React Native binding of llama.cpp; PocketPal and other phone apps): RNLlama's completion throws
+    #    "Context is full" when the context filled up
+    OomRule("llama-rn-context-full", ("Context is full",), re.compile(r"\bContext is full\b"), None,
+            "mybigday/llama.rn RNLlama completion (context_full)", phase="kv_capacity", engine="llama.cpp"),
+    # -- exllamav2 / exllamav3 (ExUI, tabbyAPI): the auto-split loader ran out of VRAM for the weights plus the cache
+    #    sized for max_seq_len ("Insufficient VRAM for model and cache", v2 model.py load_autosplit_gen; "Insufficient
+    #    VRAM in split for model and cache", v3 model_ls.py initial_split): its own budget, before any allocation
+    OomRule("exllama-autosplit", ("Insufficient VRAM",), re.compile(r"Insufficient VRAM (?:in split )?for model and cache"),
+            None, "exllamav2 model.py load_autosplit_gen; exllamav3 model_ls.py initial_split", phase="memory_budget"),
+    # -- exllamav3's paged generator: a job needs more cache pages than the pool holds ("Job requires 485 pages (only
+    #    460 available) and cannot be enqueued"; a page is 256 tokens)
+    OomRule("exllamav3-pages", ("pages (only",), re.compile(r"requires (?P<need>\d+) pages \(only (?P<avail>\d+) available\)"),
+            None, "exllamav3 generator job admission (quoted verbatim by applications built on it)", phase="kv_capacity"),
     # -- node-llama-cpp (withcatai): its own estimate before it creates a context (InsufficientMemoryError "A context
     #    size of 4096 with 4 sequences is too large for the available VRAM")
     OomRule("node-llama-cpp-estimate", ("InsufficientMemoryError", "too large for the available"),
@@ -392,7 +421,7 @@ STAGES = (
     # vLLM (gpu_model_runner.py / worker.py / model_runner.py), SGLang (model_runner.py, cuda_graph_runner.py), TGI
     # (flash_causal_lm.py warmup): the function or log words of each start-up step, and the buffer that step allocates
     (("capture_model", "cuda_graph", "cudagraph", "CUDA graph", "CUDAGraph", "CudaGraph", "graph capture",
-      "Capturing"), "compute_buffer"),
+      "Capturing", "Capture cuda graph"), "compute_buffer"),
     (("profile_run", "_dummy_run", "_dummy_sampler_run", "determine_num_available_blocks",
       "determine_available_memory", "warmup", "warm_up", "Warming up", "def warmup"), "compute_buffer"),
     (("initialize_kv_cache", "_allocate_kv_cache", "allocate_kv_cache", "init_memory_pool", "_init_cache_engine",
@@ -414,7 +443,10 @@ STAGES = (
 
 ENGINE_WORDS = (("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"), ("TurboMind", "lmdeploy"), ("[TM]", "lmdeploy"),
                 ("mlx_lm", "mlx-lm"), ("mlx-lm", "mlx-lm"), ("mlx_vlm", "mlx-lm"), ("mlx-vlm", "mlx-lm"),
-                ("mlx.core", "mlx-lm"), ("[metal::", "mlx-lm"), ("mlx_engine", "mlx-lm"), ("llama-server", "llama.cpp"), ("llama-cli", "llama.cpp"), ("ggml_", "llama.cpp"), ("ggml-", "llama.cpp"),
+                ("mlx.core", "mlx-lm"), ("[metal::", "mlx-lm"), ("mlx_engine", "mlx-lm"),
+                # ggml-cuda's own allocation message ("allocating N MiB on device D: cudaMalloc failed: out of memory")
+                ("cudaMalloc failed: out of memory", "llama.cpp"), ("hipMalloc failed: out of memory", "llama.cpp"),
+                ("llama-server", "llama.cpp"), ("llama-cli", "llama.cpp"), ("ggml_", "llama.cpp"), ("ggml-", "llama.cpp"),
                 ("llama_", "llama.cpp"), ("llm_load", "llama.cpp"),
                 # ggml's own names in upper case and its C sources (GGML_ASSERT, "GGML backend", ggml.c, ggml-alloc.c)
                 ("GGML", "llama.cpp"), ("ggml.c", "llama.cpp"), ("common_fit_params", "llama.cpp"),
@@ -425,12 +457,13 @@ FATAL = OomRule(
     "fatal-words", ("panic: ", "Traceback", "terminate called", "Segmentation fault", "core dumped", "Aborted", "FATAL",
                     "atal error", "GGML_ASSERT", "ggml_abort", "exit status", "exited with", "level=ERROR",
                     "ShardCannotStart", "failed to start", "Error: ", "Exception: ", "error: ", "CUDA error",
-                    "SYCL error", "CANN error", "HIP error", "illegal memory access", "has crashed", "Exit code:",
+                    "SYCL error", "CANN error", "HIP error", "ROCm error", "MUSA error", "cuBLAS error", "illegal memory access", "has crashed", "Exit code:",
                     ")[0x"),
     re.compile(r"panic: |Traceback \(most recent call last\)|terminate called after throwing|Segmentation fault|"
                r"core dumped|\bAborted\b|\bFATAL\b|[Ff]atal error|GGML_ASSERT|ggml_abort|exit status -?\d|"
                r"exited with (?:code|status) -?[1-9]|level=ERROR|ShardCannotStart|failed to start|"
-               r"^(?:\S+ ){0,3}?\w*(?:Error|Exception): |^\W{0,3}error: |\b(?:CUDA|SYCL|CANN|HIP) error\b|"
+               r"^(?:\S+ ){0,3}?\w*(?:Error|Exception): |^\W{0,3}error: |\b(?:CUDA|SYCL|CANN|HIP|ROCm|MUSA) error\b|"
+               r"\bcuBLAS error \d+|"
                r"illegal memory access|\bhas crashed\b|\(Exit code: -?\d+\)"
                # glibc backtrace_symbols: "/usr/lib/libllama.so(llama_decode+0xc)[0x7f15...]"
                r"|\(\S*\+0x[0-9a-f]+\)\[0x[0-9a-f]+\]"),
@@ -449,7 +482,7 @@ _LOG_LEVEL_INFO = re.compile(r"(?:^|[\s\]|)])(?:INFO|DEBUG|level=INFO|level=DEBU
 _NET_SIZE = re.compile(r"(?i)allocat\w*\s+([\d.]+)\s*([KMGT]i?B)\b")
 _NOT_FAILURES = re.compile(r"(?i)\b(?:to avoid|avoid(?:s|ing)? (?:an? )?(?:oom|out of memory)|may run out|might run out|"
                            r"if you (?:run|get|see)|reduce .{0,40}to prevent|--help|usage:|prevent oom|oom[ _-]?(?:score|adj))")
-HOST_RULES = ("oom-killer", "enomem", "bad-alloc", "python-memoryerror")
+HOST_RULES = ("oom-killer", "enomem", "bad-alloc", "python-memoryerror", "ios-jetsam")
 """The rules whose line says the host itself ran out (the OOM killer, ENOMEM, std::bad_alloc, MemoryError)."""
 
 _BACKEND_WORDS = (("hip", "rocm"), ("rocm", "rocm"), ("rocblas", "rocm"), ("cuda", "cuda"), ("cublas", "cuda"),

@@ -26,6 +26,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
     m = _PREFILL.search(line)
     if m:
         t["prefill_tokens"] = int(m.group(1))
+        f.engine_hints["tgi"] += 2  # TGI's own warm-up message (flash_causal_lm.py warmup) names the engine
         # the message names no backend or device (TGI runs on CUDA, ROCm, Gaudi, Inferentia...)
         f.add_event("engine", lineno, line, engine="tgi", phase="compute_buffer", backend=None)
         f.final_error = line
