@@ -91,6 +91,49 @@ def test_runs_seen_before_are_counted_from_memory_not_parsed_again(crash_loop):
         assert f.events == ref.events, (backend, fork)
 
 
+@pytest.fixture(scope="module")
+def journal_loop(tmp_path_factory):
+    """Every real log end to end, three times, as ``journalctl -u`` prints a crash-looping unit: each line behind
+    "Mon DD HH:MM:SS host program[PID]: ", a new PID for every repetition and the clock one second a line; Ollama's
+    own ``time=`` field (when a line has it) moving with the clock too."""
+    out, t = [], 0
+    for rep in range(3):
+        for p in LOGS:
+            for raw in p.read_bytes().rstrip(b"\n").split(b"\n"):
+                t += 1
+                stamp = b"Dec %02d %02d:%02d:%02d" % (1 + t // 86400, t // 3600 % 24, t // 60 % 60, t % 60)
+                line = raw.replace(b"time=2024-", b"time=20%02d-" % (24 + rep), 1) if raw.startswith(b"time=2") else raw
+                out.append(b"%s node-7 ollama[%d]: %s" % (stamp, 1000 + rep, line))
+    path = tmp_path_factory.mktemp("journal") / "journal.log"
+    path.write_bytes(b"\n".join(out) + b"\n")
+    return path
+
+
+def test_a_journal_crash_loop_is_parsed_once_despite_its_changing_prefix(journal_loop):
+    """The journal's timestamp, PID and Ollama's time= change with every run; the runs are still remembered (the
+    2nd and 3rd repetitions are counted from memory) and the diagnosis equals the line-by-line one."""
+    ref = _line_by_line(journal_loop)
+    for backend in BACKENDS:
+        _same(_fast(journal_loop, backend), ref, backend)
+        f = LogFacts()
+        with open(journal_loop, "rb") as fh:
+            _nl, hits, _failed = scan.parse_runs(f, fh.fileno(), os.path.getsize(journal_loop), scan.scanner(backend),
+                                                 _feed_one, _is_start_raw, fork=False)
+        assert hits >= 2 * (ref.runs // 3) - 4, (backend, hits, ref.runs)
+
+
+def test_only_a_journal_has_its_prefix_left_out_of_the_hash(tmp_path, journal_loop):
+    plain = tmp_path / "plain.log"
+    plain.write_bytes((CASE_DIR / "loc-21-fail-ulimit-kv-600000" / "log.txt").read_bytes())
+    with open(plain, "rb") as fh:
+        assert scan._normalizer(fh.fileno(), os.path.getsize(plain)) is None
+    with open(journal_loop, "rb") as fh:
+        norm = scan._normalizer(fh.fileno(), os.path.getsize(journal_loop))
+    assert norm(b"Dec 01 10:00:01 node-7 ollama[1234]: time=2024-05-01T10:00:01.123Z level=INFO msg=x\n"
+                b"2024-12-01T10:00:02+0000 node-7 llama-server[99]: load_tensors: x\n") == \
+        b"node-7 ollama: level=INFO msg=x\nnode-7 llama-server: load_tensors: x\n"
+
+
 def test_the_segment_hash_does_not_depend_on_how_the_bytes_come_with_or_without_xxhash(monkeypatch, crash_loop):
     data = (CASE_DIR / "loc-21-fail-ulimit-kv-600000" / "log.txt").read_bytes()
     ref = _line_by_line(crash_loop)

@@ -315,8 +315,9 @@ class _Diagnosis:
             # pinned host memory falls back to plain host memory: recovered once the log goes on (a later buffer,
             # the server up, a later failure) or an earlier pinned refusal of the same log fell back; a log that ends
             # on its only pinned refusal does not show that the engine carried on
+            last = max(e["lineno"] for e in (*g.events, *g.reasons))  # a group may hold only a reason line
             went_on = g.ok_after or g.success_after or i + 1 < len(groups) or pinned_fell_back or \
-                any(e["lineno"] > g.events[-1]["lineno"] for e in f.events if e["kind"] in ("alloc_ok", "success"))
+                any(e["lineno"] > last for e in f.events if e["kind"] in ("alloc_ok", "success"))
             pinned_fell_back = pinned_fell_back or (g.only_pinned and went_on)
             recovered = (g.only_pinned and went_on) or (g.retried and not later_fatal) or g.success_after
             if recovered:

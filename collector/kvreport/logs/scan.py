@@ -314,6 +314,32 @@ class _Runs:
         self.run_keys = self.f.key_line_count
 
 
+_SYSLOG_PREFIX = (
+    rb"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?) "
+    rb"(\S+ [^\s\[:]+)\[\d+\]: (?:time=\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)? )?")
+_SYSLOG = re.compile(rb"(?m)^" + _SYSLOG_PREFIX)
+_SYSLOG_NL = re.compile(rb"\n" + _SYSLOG_PREFIX)  # the same after a newline: re finds a literal first byte faster
+"""The line prefix of syslog and ``journalctl`` (short and short-iso): "Dec 01 10:00:01 host ollama[1234]: ", and
+Ollama's own ``time=...`` field right after it. In a crash-looping service's journal the timestamp and the PID change
+with every run while the rest repeats: the segment hash leaves them out (host and program kept), so the runs are
+parsed once. Nothing a parser reads is lost: the remembered facts of a run (failed or not, its failure key with
+digits as N, its line and key-line counts) do not depend on them, and the last failed run is parsed again."""
+SYSLOG_SHARE = 0.5
+"""A file is read as a journal when at least this share of its first lines (up to 200) carry :data:`_SYSLOG`."""
+
+
+def _normalizer(fd: int, size: int):
+    """``bytes -> bytes`` that drops the journal's changing prefix (:data:`_SYSLOG`) when the file starts as a journal,
+    else None (the bytes are hashed as they are)."""
+    head = os.pread(fd, min(size, 64 << 10), 0)
+    lines = head.split(b"\n", 200)[:200]
+    hits = sum(1 for ln in lines if _SYSLOG.match(ln))
+    if not lines or hits < SYSLOG_SHARE * len(lines):
+        return None
+    sub = _SYSLOG_NL.sub
+    return lambda data: sub(rb"\n\1: ", b"\n" + data)[1:]  # every piece handed to it starts at a line start
+
+
 def _confirmer(is_start):
     """``is_start`` with a memory: the same candidate lines come back in a crash loop, each is confirmed once."""
     seen: dict[bytes, bool] = {}
@@ -338,17 +364,18 @@ def _segments(fd: int, size: int, spans, is_start):
     hasher = _hasher_type()
     h = hasher()
     confirm = _confirmer(is_start)
+    norm = _normalizer(fd, size)
     for off, data, n in _blocks(fd, 0, size):
         mv = memoryview(data)[:n]
         pos = 0
         for s, stop in spans(data, n):
             if off + s == seg_start or not confirm(data[s:stop]):
                 continue
-            h.update(mv[pos:s])
+            h.update(norm(mv[pos:s]) if norm else mv[pos:s])
             yield seg_start, off + s, h.intdigest()
             h = hasher()
             pos, seg_start = s, off + s
-        h.update(mv[pos:])
+        h.update(norm(mv[pos:]) if norm else mv[pos:])
     yield seg_start, size, h.intdigest()
 
 
@@ -358,6 +385,7 @@ def _grep_segments(fd: int, size: int, literals, is_start):
     seg_start = 0
     hasher = _hasher_type()
     confirm = _confirmer(is_start)
+    norm = _normalizer(fd, size)
     with _grep(fd, 0, size, ["-b", "-F", *(a for lit in literals for a in ("-e", lit))]) as (out, _nl):
         for line in out:
             num, _, raw = line.partition(b":")
@@ -366,19 +394,15 @@ def _grep_segments(fd: int, size: int, literals, is_start):
             off = int(num)
             if off == seg_start or not confirm(raw[:-1] if raw.endswith(b"\n") else raw):
                 continue
-            yield seg_start, off, _hash_range(fd, seg_start, off, hasher)
+            yield seg_start, off, _hash_range(fd, seg_start, off, hasher, norm)
             seg_start = off
-    yield seg_start, size, _hash_range(fd, seg_start, size, hasher)
+    yield seg_start, size, _hash_range(fd, seg_start, size, hasher, norm)
 
 
-def _hash_range(fd: int, start: int, end: int, hasher) -> int:
+def _hash_range(fd: int, start: int, end: int, hasher, norm=None) -> int:
     h = hasher()
-    while start < end:
-        data = os.pread(fd, min(BLOCK, end - start), start)
-        if not data:
-            break
-        h.update(data)
-        start += len(data)
+    for _off, data, n in _blocks(fd, start, end):
+        h.update(norm(memoryview(data)[:n]) if norm else memoryview(data)[:n])
     return h.intdigest()
 
 
