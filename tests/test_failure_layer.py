@@ -127,6 +127,14 @@ EXAMPLES = [
     # exllamav2 model.py load_autosplit_gen / exllamav3 model_ls.py initial_split (ExUI, tabbyAPI)
     ("exllama-autosplit", "RuntimeError: Insufficient VRAM for model and cache", None, "memory_budget"),
     ("exllama-autosplit", "RuntimeError: Insufficient VRAM in split for model and cache", None, "memory_budget"),
+    # LM Studio's loading guardrails, 2025 and 2026 wordings (lmstudio-bug-tracker#484, #1202, #1562)
+    ("lmstudio-guardrail", "[2025-03-07 01:45:37.078] [error] [LMSInternal][Client=LM Studio][Endpoint=loadModel] Error "
+                           "in channel handler: Error: Model loading aborted due to insufficient system resources. "
+                           "Overloading the system will likely cause it to freeze.", None, "memory_budget"),
+    ("lmstudio-guardrail", "Model loading was stopped due to insufficient system resources. Under the current "
+                           "settings, this model requires approximately 273.25 GB of memory, and continuing to load it "
+                           "would likely overload your system and cause it to freeze.", None, "memory_budget"),
+    ("lmstudio-guardrail", "Not enough resources to load the model with the current settings", None, "memory_budget"),
     ("exllamav3-pages", "Job requires 485 pages (only 460 available) and cannot be enqueued. Total cache allocated is "
                         "460 * 256 = 117760 tokens", None, "kv_capacity"),
     ("ios-jetsam", "The app \u201cMLCChat\u201d has been killed by the operating system because it is using too much "
@@ -356,3 +364,29 @@ def test_ggml_cuda_errors_that_are_not_memory_are_failures(line, backend):
     "cuBLAS error N at FILE:LINE"): a failure of unknown phase on that backend, never "no failure"."""
     f = analyze_text(line + "\n")["failure"]
     assert (f["phase"], f["backend"], f["allocator_error"]) == ("unknown", backend, None)
+
+
+def test_exllama_budget_names_the_cache_so_the_context_comes_first():
+    """exllamav2's auto-split refusal names the cache it sized for max_seq_len: reduce-ctx first, in its own words."""
+    d = analyze_text("RuntimeError: Insufficient VRAM for model and cache\n")
+    assert d["failure"]["phase"] == "memory_budget"
+    first = d["suggestions"][0]
+    assert first["id"] == "reduce-ctx" and "max_seq_len" in first["expected"], first
+
+
+def test_a_host_killed_for_memory_suggests_a_smaller_model_first():
+    d = analyze_text("The app \u201cMLCChat\u201d has been killed by the operating system because it is using too much "
+                     "memory.\n")
+    assert [s["id"] for s in d["suggestions"]][:1] == ["smaller-model-or-quant"], d["suggestions"]
+
+
+def test_ollamas_own_kv_estimate_makes_the_context_the_lever():
+    """Ollama's layout line estimates a 31 GiB KV (memory.required.kv) and the context could not be created: the
+    context, not the layers, comes first."""
+    log = ('time=2024-08-09T14:28:55.142+03:00 level=INFO source=memory.go:309 msg="offload to cuda" '
+           'layers.requested=-1 layers.model=33 layers.offload=0 layers.split="" memory.available="[4.6 GiB]" '
+           'memory.required.full="35.3 GiB" memory.required.partial="0 B" memory.required.kv="31.2 GiB"\n'
+           "Error: llama runner process has terminated: error:failed to create context with model '/m'\n")
+    d = analyze_text(log)
+    assert d["engine"] == "ollama" and d["failure"]["phase"] == "context"
+    assert d["suggestions"][0]["id"] == "reduce-ctx", d["suggestions"]

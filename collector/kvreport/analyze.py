@@ -1320,7 +1320,8 @@ class _Diagnosis:
             working_set=(self.oom_event or {}).get("rule") in ("metal-status-5", "metal-iogpu-oom", "metal-nil"),
             device_total_mib=(f.devices.get(failure["failing_device"] or "") or {}).get("total_mib"),
             others_mib=getattr(self, "others_mib", None), torch_oom=getattr(self, "torch_oom", False),
-            metal_plan=(self.oom_event or {}).get("metal_plan") or {}, engine_build=to_int(f.build))
+            metal_plan=(self.oom_event or {}).get("metal_plan") or {}, engine_build=to_int(f.build),
+            kv_estimate_mib=f.ollama.get("kv_estimate_mib"))
 
 
 def _r2(x) -> float | None:

@@ -124,6 +124,8 @@ class Situation:
     """The failure is torch's OutOfMemoryError as an engine parser read it (only Python engines raise it)."""
     engine_build: int | None = None
     """llama.cpp's build number as the log printed it ("build: 4589 (...)")."""
+    kv_estimate_mib: float | None = None
+    """The engine's own estimate of the KV cache in MiB, when it printed one (Ollama's ``memory.required.kv``)."""
     metal_plan: dict = field(default_factory=dict)
     """vllm-metal's budget breakdown (MiB; ``fraction`` as printed): metal_limit, model_memory, overhead, kv_budget."""
 
@@ -282,8 +284,8 @@ def _reduce_ctx(b: _Builder, rank: float) -> None:
     s = b.s
     cur = s.n_ctx or s.n_ctx_requested
     if not cur:
-        if s.phase in ("kv_cache", "context") or s.kv_update:
-            flag = "OLLAMA_CONTEXT_LENGTH" if _is_ollama(s) else "--ctx-size / -c"
+        if s.phase in ("kv_cache", "context") or s.kv_update or budget_names_cache(s):
+            flag = "OLLAMA_CONTEXT_LENGTH" if _is_ollama(s) else _CTX_KNOB_OF_RULE.get(s.oom_rule or "", "--ctx-size / -c")
             b.add(rank, "reduce-ctx", "Ask for a smaller context", {},
                   f"the log shows neither the context size nor the KV cost per token, so no value can be computed: "
                   f"lower {flag} step by step (the KV shrinks in proportion)",
@@ -1078,8 +1080,9 @@ def ollama_slots_multiply_ctx(s: Situation) -> bool:
 
 
 def ollama_layout_names_layers(s: Situation) -> bool:
-    """Ollama's layout step named the layer count it could not place ("with num_gpu = N")."""
-    return _is_ollama(s) and bool(s.n_gpu_layers_log)
+    """Ollama's layout step named the layer count it could not place ("with num_gpu = N"), and the KV the log
+    printed is not what did not fit (under 1 GiB: above it the context is the lever, as in small_ctx_on_gpu)."""
+    return _is_ollama(s) and bool(s.n_gpu_layers_log) and not _big_kv(s)
 
 
 def fits_but_failed_not_host_cap(s: Situation) -> bool:
@@ -1190,6 +1193,16 @@ def host_ran_out(s: Situation) -> bool:
     return s.oom_rule in HOST_RULES
 
 
+_CTX_KNOB_OF_RULE = {"exllama-autosplit": "max_seq_len (exllamav2, ExUI; tabbyAPI: max_seq_len and cache_size)"}
+"""The context setting of an engine kvreport knows only by its memory error (kvreport.logs.oom rule id -> words)."""
+
+
+def budget_names_cache(s: Situation) -> bool:
+    """The engine's own budget check names the cache it sized for the maximum length (exllamav2/v3's auto-split:
+    "Insufficient VRAM for model and cache"): the cache, sized by the context, is the first lever."""
+    return s.oom_rule == "exllama-autosplit"
+
+
 def budget_gap_small(s: Situation) -> bool:
     """Ollama's memory check: the model needs at most 1.5x the free memory (a smaller context closes the gap)."""
     return bool(s.requested_mib is not None and s.free_mib and s.requested_mib <= 1.5 * s.free_mib)
@@ -1204,8 +1217,14 @@ def small_ctx_on_gpu(s: Situation) -> bool:
     """The context could not be created on a GPU although the context is small (8192 tokens or less, or Ollama's
     default, which was 2048 until 2025): the weights left no room, so the layers on the GPU are the lever."""
     small = (s.n_ctx is not None and s.n_ctx <= 8192) or (s.n_ctx is None and _is_ollama(s))
-    big_kv = s.kv_mib is not None and s.kv_mib >= 1024  # the KV the log printed is what did not fit
-    return small and not big_kv and s.backend not in ("cpu",) and not _host_cap_failure(s)
+    return small and not _big_kv(s) and s.backend not in ("cpu",) and not _host_cap_failure(s)
+
+
+def _big_kv(s: Situation) -> bool:
+    """The KV cache is 1 GiB or more, by kvreport's arithmetic or, without it, the engine's own estimate: then the KV
+    is what did not fit, and the context is the lever."""
+    kv = s.kv_mib if s.kv_mib is not None else s.kv_estimate_mib
+    return kv is not None and kv >= 1024
 
 
 def mlx_over_limit(s: Situation) -> bool:
@@ -1377,6 +1396,7 @@ RULES: tuple[Rule, ...] = (
     _r("smaller-model-or-quant", LLAMA, "model_weights", always, 1, _smaller_model),
     _r("rebalance-devices", LLAMA, "model_weights", weights_on_gpu, 2, _rebalance),
     _r("free-device-memory", LLAMA, "model_weights", not_host_cap, 3, _free_memory),
+    _r("reduce-ctx", LLAMA, "memory_budget", budget_names_cache, -0.5, _reduce_ctx),
     _r("smaller-model-or-quant", LLAMA, "memory_budget", budget_gap_large, 0, _smaller_model),
     _r("smaller-model-or-quant", LLAMA, "memory_budget", budget_gap_small, 1, _smaller_model),
     _r("reduce-ctx", LLAMA, "memory_budget", budget_gap_small, 0, _reduce_ctx),
@@ -1393,6 +1413,7 @@ RULES: tuple[Rule, ...] = (
     _r("reduce-gpu-layers", LLAMA, _UNK, small_ubatch_on_gpu, 0, _reduce_layers_sized),
     _r("reduce-ctx", LLAMA, _UNK, small_ubatch, 1, _reduce_ctx),
     _r("work-around-alloc-limit", LLAMA, _UNK, small_ubatch_vulkan, 2, _alloc_limit),
+    _r("smaller-model-or-quant", LLAMA, _UNK, host_ran_out, 4, _smaller_model),
     _r("free-device-memory", LLAMA, _UNK, always, 5, _free_memory),
     # vLLM, SGLang, TGI, LMDeploy (and unknown engines with their flags or a torch OOM)
     _r("raise-gpu-memory-utilization", PYTHON, "memory_budget", metal_fraction_too_low, -0.5, _py_metal_fraction),

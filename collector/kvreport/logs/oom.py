@@ -393,6 +393,19 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"RESOURCE_EXHAUSTED\b.{0,300}?(?:[Oo]ut of memory|Attempting to reserve|[Aa]llocat|memory space)"),
             None, "XLA / absl status RESOURCE_EXHAUSTED ('Ran out of memory in memory space hbm/smem', 'Attempting to "
             "reserve N at the bottom of memory')"),
+    # -- LM Studio's model-loading guardrails refuse a load from their own estimate (lmstudio-bug-tracker#484, #1038,
+    #    #1202, #1562): "Model loading aborted due to insufficient system resources" (2025, from
+    #    guardrailHasEnoughResourcesForModelOrThrow), "Model loading was stopped due to insufficient system resources.
+    #    Under the current settings, this model requires approximately 273.25 GB of memory" (2025), "Not enough
+    #    resources to load the model with the current settings" (2026): the app's budget, before any allocation
+    OomRule("lmstudio-guardrail", ("insufficient system resources", "enough resources to load the model",
+                                   "enough resources to run model", "guardrailHasEnoughResources"),
+            re.compile(r"(?i:(?:aborted|stopped) due to insufficient system resources|not enough resources to "
+                       r"(?:load|run) (?:the )?model|guardrailHasEnoughResources)"
+                       r"(?:.{0,200}?requires approximately (?P<need>[\d.]+) ?(?P<nu>[KMGT]i?B))?"),
+            None, "LM Studio model loading guardrails (lmstudio-bug-tracker#484, #1038, #1202, #1562)",
+            phase="memory_budget",
+            read=lambda m: {"mib": _mib(m.group("need"), m.group("nu"))} if m.group("need") else {}),
     # -- failures that are not about memory, in formats no engine parser reads (phase unknown, no memory fix)
     OomRule("lmdeploy-session-len", ("run out of tokens",), re.compile(r"run out of tokens\. session_id="), None,
             "lmdeploy serve/async_engine.py: the prompt plus max_new_tokens exceed --session-len (a refused request)",
