@@ -135,6 +135,11 @@ EXAMPLES = [
                            "settings, this model requires approximately 273.25 GB of memory, and continuing to load it "
                            "would likely overload your system and cause it to freeze.", None, "memory_budget"),
     ("lmstudio-guardrail", "Not enough resources to load the model with the current settings", None, "memory_budget"),
+    # torch's MPS allocator (mlx-free Python stacks on Apple GPUs): its own cap, the high watermark
+    ("torch-oom", "RuntimeError: MPS backend out of memory (MPS allocated: 17.80 GB, other allocations: 380.20 MB, max "
+                  "allowed: 18.13 GB). Tried to allocate 64.00 MB on private pool. Use "
+                  "PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0 to disable upper limit for memory allocations (may cause "
+                  "system failure).", "metal", "unknown"),
     ("exllamav3-pages", "Job requires 485 pages (only 460 available) and cannot be enqueued. Total cache allocated is "
                         "460 * 256 = 117760 tokens", None, "kv_capacity"),
     ("ios-jetsam", "The app \u201cMLCChat\u201d has been killed by the operating system because it is using too much "

@@ -43,6 +43,7 @@ as a last resort the failing KV buffer itself. ``kv_mib_per_1k_tokens`` is per 1
 from __future__ import annotations
 
 import json
+import re
 
 from kvreport import fixes, strict
 from kvreport.logs import LogFacts, parse_log
@@ -389,19 +390,7 @@ class _Diagnosis:
         elif self._oom_failure(out, real) or self._fit_failure(out, real):
             pass
         elif engine_events or configs or finals:
-            out["phase"] = "unknown"
-            last = (engine_events or configs or finals)[-1]
-            self.trail = {"rule": f"logs.{last.get('engine') or 'llamacpp'} ({last['kind']}: a refusal or an end "
-                                  "line that names no memory failure)", "events": [last]}
-            # the deepest specific reason (``n_seq_max must be <= 256``, ``error loading model: ...``), not the
-            # generic epilogue (``exiting due to model loading error``) that follows it
-            out["final_error"] = (f.cause_error if configs else None) or f.final_error or \
-                (engine_events or configs or finals)[-1]["line"]
-            weak = [e for e in engine_events if e.get("weak")]
-            if weak:
-                self.weak = True
-                out["backend"] = weak[-1].get("backend") or "unknown"
-                self.has_memory_event = bool(weak[-1].get("oom"))
+            self._unplaced_end(out, engine_events, configs, finals)
         if out["phase"] not in ("none",) and (out["backend"] == "unknown" or not out["failing_device"]):
             self._oom_details(out, real)
         if out["phase"] not in ("none",) and out["backend"] == "unknown":
@@ -411,6 +400,29 @@ class _Diagnosis:
         self._recovered_events(real)
         self._free_and_verdict(out)
         return out
+
+    def _unplaced_end(self, out: dict, engine_events: list[dict], configs: list[dict], finals: list[dict]) -> None:
+        """A run that ended on a refusal or an end line, with no allocation failure placed: phase unknown, or
+        ``context`` for llama.cpp's "failed to create context" with no refusal before it."""
+        f = self.f
+        out["phase"] = "unknown"
+        last = (engine_events or configs or finals)[-1]
+        self.trail = {"rule": f"logs.{last.get('engine') or 'llamacpp'} ({last['kind']}: a refusal or an end "
+                              "line that names no memory failure)", "events": [last]}
+        ctx_end = next((e for e in finals if _CONTEXT_NOT_CREATED.search(e["line"])), None)
+        if ctx_end is not None and not configs and not engine_events:
+            # the context's buffers (KV, compute) could not be had and the log does not say which (design.md)
+            out["phase"] = "context"
+            self.trail = {"rule": "logs.llamacpp (the context could not be created; no refusal line names "
+                                  "another cause)", "events": [ctx_end]}
+        # the deepest specific reason (``n_seq_max must be <= 256``, ``error loading model: ...``), not the
+        # generic epilogue (``exiting due to model loading error``) that follows it
+        out["final_error"] = (f.cause_error if configs else None) or f.final_error or last["line"]
+        weak = [e for e in engine_events if e.get("weak")]
+        if weak:
+            self.weak = True
+            out["backend"] = weak[-1].get("backend") or "unknown"
+            self.has_memory_event = bool(weak[-1].get("oom"))
 
     def _recovered_events(self, real: list[dict]) -> None:
         """An engine's own word that it met a memory shortage and carried on (SGLang's request retraction)."""
@@ -1322,6 +1334,10 @@ class _Diagnosis:
             others_mib=getattr(self, "others_mib", None), torch_oom=getattr(self, "torch_oom", False),
             metal_plan=(self.oom_event or {}).get("metal_plan") or {}, engine_build=to_int(f.build),
             kv_estimate_mib=f.ollama.get("kv_estimate_mib"))
+
+
+_CONTEXT_NOT_CREATED = re.compile(r"failed to create context|unable to create context|failed to create_context")
+"""llama.cpp's end lines when llama_init_from_model returned NULL (common.cpp, the examples, llama-cpp-python)."""
 
 
 def _r2(x) -> float | None:

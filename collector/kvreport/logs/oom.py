@@ -71,7 +71,16 @@ def _torch(m: re.Match) -> dict:
     others = _torch_others(m.string)
     if others:
         out["others_mib"] = others
+    cap = _TORCH_MPS_MAX.search(m.string)
+    if cap:
+        out["limit_mib"] = _mib(cap.group(1), cap.group(2))
     return out
+
+
+# torch's MPS allocator (Apple GPUs): "MPS backend out of memory (MPS allocated: 17.80 GB, other allocations: 380.20 MB,
+# max allowed: 18.13 GB). Tried to allocate 64.00 MB on private pool." (MPSAllocator.mm; its GB/MB are 1024-based): the
+# cap is PYTORCH_MPS_HIGH_WATERMARK_RATIO x the device's recommended working set
+_TORCH_MPS_MAX = re.compile(r"max allowed: ([\d.]+) ?([KMGT]i?B)\)")
 
 
 _TORCH_PROC = re.compile(r"Process \d+ has ([\d.]+) ?([KMGT]i?B) memory in use")
@@ -161,7 +170,7 @@ def _summary(m: re.Match) -> dict:
     return out
 
 
-_TORCH = (r"(?:(?P<be>CUDA|HIP|XPU|MPS|NPU) out of memory\.\s*)?Tried to allocate (?P<req>[\d.]+) ?(?P<ru>[KMGT]i?B|bytes)"
+_TORCH = (r"(?:(?P<be>CUDA|HIP|XPU|MPS|NPU) (?:backend )?out of memory(?: \([^)]{0,200}\))?\.\s*)?Tried to allocate (?P<req>[\d.]+) ?(?P<ru>[KMGT]i?B|bytes)"
           r"(?:\.?\s*GPU (?P<dev>\d+) has a total capac(?:ity|ty) of\s+(?P<total>[\d.]+) ?(?P<tu>[KMGT]i?B) of\s+which\s+"
           r"(?P<free>[\d.]+) ?(?P<fu>[KMGT]i?B|bytes) is free"
           r"|\s*\((?:GPU|NPU) (?P<dev2>\d+); (?P<total2>[\d.]+) ?(?P<tu2>[KMGT]i?B) total(?: capacity)?;"
@@ -193,7 +202,7 @@ RULES: tuple[OomRule, ...] = (
     OomRule("vllm-sampler-warmup", ("when warming up sampler",),
             re.compile(r"out of memory occurred when warming up sampler"), "cuda",
             "vllm/v1/worker/gpu_model_runner.py _dummy_sampler_run", phase="compute_buffer", engine="vllm"),
-    OomRule("torch-oom", ("out of memory. Tried to allocate", "has a total capac"),
+    OomRule("torch-oom", ("out of memory. Tried to allocate", "has a total capac", "backend out of memory"),
             _TORCH_RX, None, "torch CUDACachingAllocator OutOfMemoryError message (all torch 2.x)",
             phase=None, read=_torch),
     OomRule("torch-exceed-allowed", ("would exceed allowed memory",),
