@@ -27,7 +27,7 @@ import re2
 from kvreport import strict
 from kvreport.engines import REGISTRY
 from kvreport.logs import llamacpp, ollama, oom, sglang, tgi, vllm
-from kvreport.logs.common import clean_line, clean_pasted
+from kvreport.logs.common import KeywordSet, clean_line, clean_pasted
 from kvreport.logs.facts import LogFacts
 from kvreport.logs.runs import LITERALS as _RUN_LITERALS
 from kvreport.logs.runs import is_run_start
@@ -50,8 +50,10 @@ def _literals(words) -> str:
 # Alternations of literals run in RE2 (a DFA: one pass whatever the number of keywords; Python's re tries each
 # alternative at each position, 30-50 us a line for these sets against 1-3 us)
 _KEY = re2.compile(_literals(KEYWORDS))
-# each parser only sees the lines its own keywords select (a key line for llama.cpp is not read by the vLLM regexes)
-_OWN = tuple((p, re2.compile(_literals(p.KEYWORDS)).search) for p in _PARSERS)
+# each parser only sees the lines its own keywords select (a key line for llama.cpp is not read by the vLLM regexes):
+# the line's keywords are found once (one RE2 Set pass), each parser's by a set intersection
+_ALL = KeywordSet(KEYWORDS)
+_OWN = tuple((p, frozenset(p.KEYWORDS)) for p in _PARSERS)
 _KEY_BYTES = re2.compile(_literals(KEYWORDS).encode())
 
 
@@ -144,7 +146,7 @@ def wrap_join(prev: str, line: str, adjacent: bool = True) -> str | None:
 
 def _feed_one(f: LogFacts, raw, lineno: int) -> None:
     line = clean_line(raw)
-    if not line or _KEY.search(line) is None:
+    if not line or not _ALL.present(line):
         return
     f.key_line_count += 1
     if is_run_start(line) and f.run_failed():
@@ -166,8 +168,9 @@ def _feed_parts(f: LogFacts, line: str, lineno: int) -> None:
     for part in parts:
         before = f.n_events
         hints = sum(f.engine_hints.values())
+        present = _ALL.present(part)
         for parser, own in _OWN:
-            if own(part) is None:
+            if present.isdisjoint(own):
                 continue
             added = f.n_events - before
             if parser is oom and added and any(not e.get("weak") for e in f.events[len(f.events) - added:]):

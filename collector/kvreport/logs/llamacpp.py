@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvreport.logs.common import MIB, to_float, to_int
+from kvreport.logs.common import MIB, KeywordSet, to_float, to_int
 from kvreport.logs.facts import LogFacts
 
 _PRINT_INFO = re.compile(r"(?<!\w)(?:print_info|llm_load_print_meta):\s+(.+?)\s*=\s?(.*?)\s*$")
@@ -442,11 +442,17 @@ KEYWORDS: tuple[str, ...] = tuple(sorted({k for section in SECTIONS for k in sec
 :data:`SECTIONS` so that no section can be missed by the prefilter."""
 
 
+_WORDS = KeywordSet(KEYWORDS)
+
+
 def feed(f: LogFacts, line: str, lineno: int) -> None:
     """Read one cleaned line into ``f`` (llama.cpp and programs built on it): each section of :data:`SECTIONS`
     whose keywords the line holds, in order, until one has read it. Never raises on text."""
+    present = _WORDS.present(line)
+    if not present:
+        return
     for section in SECTIONS:
-        if any(k in line for k in section.keywords) and section.read(f, line, lineno):
+        if not present.isdisjoint(section.keywords) and section.read(f, line, lineno):
             return
 
 

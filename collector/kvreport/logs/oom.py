@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvreport.logs.common import size_to_mib, to_float
+from kvreport.logs.common import KeywordSet, size_to_mib, to_float
 from kvreport.logs.facts import LogFacts
 
 
@@ -536,11 +536,19 @@ def _net_data(line: str) -> dict | None:
     return {"mib": _mib(size.group(1), size.group(2))} if size else {}
 
 
-def stage_of(line: str) -> str | None:
-    """The phase of the start-up or serving step a line names (:data:`STAGES`), or None."""
-    for words, phase in STAGES:
-        if any(w in line for w in words):
-            return phase
+_WORDS = KeywordSet([*(k for r in (*RULES, FATAL) for k in r.keywords), *(w for w, _ in ENGINE_WORDS),
+                     *(w for ws, _ in STAGES for w in ws)])
+"""Every keyword of this layer's tables, found in one pass per line (:class:`kvreport.logs.common.KeywordSet`)."""
+
+
+def stage_of(line: str, present: frozenset[str] | None = None) -> str | None:
+    """The phase of the start-up or serving step a line names (:data:`STAGES`), or None. ``present``: the line's
+    keywords when the caller has them (:data:`_WORDS`)."""
+    present = _WORDS.present(line) if present is None else present
+    if present:
+        for words, phase in STAGES:
+            if not present.isdisjoint(words):
+                return phase
     return None
 
 
@@ -554,13 +562,16 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
     if "hipMalloc(" in line or "hipMallocManaged(" in line:
         _attach_call(f, line, lineno)
         return
+    present = _WORDS.present(line)
+    if not present:
+        return
     for word, engine in ENGINE_WORDS:
-        if word in line:
+        if word in present:
             f.engine_hints[engine] += 2 if engine != "llama.cpp" else 1
             break
-    f.py_stage = stage_of(line) or f.py_stage
+    f.py_stage = stage_of(line, present) or f.py_stage
     for rule in RULES:
-        if not any(k in line for k in rule.keywords):
+        if present.isdisjoint(rule.keywords):
             continue
         m = rule.pattern.search(line)
         if m is None:
@@ -568,21 +579,25 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         data = _net_data(line) if rule.generic else (rule.read(m) if rule.read else {})
         if data is None:
             return  # advice, usage text, or an INFO/DEBUG record that mentions memory errors
-        backend = rule.backend
-        if rule.id == "ggml-cuda-error":
-            backend = {"ROCm": "rocm", "MUSA": "musa"}.get(data.get("cuda_name", "CUDA"), "cuda")
-        elif rule.id == "torch-oom":
-            backend = {"CUDA": "cuda", "HIP": "rocm", "XPU": "sycl", "MPS": "metal", "NPU": "cann"}.get(m.group("be") or "CUDA")
-        elif backend is None:
-            backend = backend_of_words(line.lower())
+        backend = _rule_backend(rule, m, data, line)
         if rule.engine:  # a format only one engine prints names it
             f.engine_hints[rule.engine] += 2 if rule.engine != "llama.cpp" else 1
         f.add_event("oom", lineno, line, rule=rule.id, backend=backend, phase=rule.phase, engine=rule.engine,
                     generic=rule.generic, memory=rule.memory, py_stage=f.py_stage or None, **data)
         return
-    if any(k in line for k in FATAL.keywords) and FATAL.pattern.search(line):
+    if not present.isdisjoint(FATAL.keywords) and FATAL.pattern.search(line):
         f.add_event("oom", lineno, line, rule=FATAL.id, backend=backend_of_words(line.lower()), phase=None,
                     engine=None, generic=True, memory=False)
+
+
+def _rule_backend(rule: OomRule, m: re.Match, data: dict, line: str) -> str | None:
+    """The backend of a rule's line: what the format says (ggml's CUDA block names its build's vendor, torch names its
+    device type), else the rule's own, else the line's backend words."""
+    if rule.id == "ggml-cuda-error":
+        return {"ROCm": "rocm", "MUSA": "musa"}.get(data.get("cuda_name", "CUDA"), "cuda")
+    if rule.id == "torch-oom":
+        return {"CUDA": "cuda", "HIP": "rocm", "XPU": "sycl", "MPS": "metal", "NPU": "cann"}.get(m.group("be") or "CUDA")
+    return rule.backend or backend_of_words(line.lower())
 
 
 def _attach_metal_plan(f: LogFacts, line: str, lineno: int) -> bool:
