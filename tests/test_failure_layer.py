@@ -6,6 +6,8 @@ the typed summary line of issue 12 reads as a KV-cache failure with reduce-ctx f
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kvreport.analyze import analyze_text
@@ -140,6 +142,35 @@ EXAMPLES = [
                   "allowed: 18.13 GB). Tried to allocate 64.00 MB on private pool. Use "
                   "PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0 to disable upper limit for memory allocations (may cause "
                   "system failure).", "metal", "unknown"),
+    # requests longer than the context, each engine's refusal (lines from the reports named)
+    ("vllm-prompt-too-long", "WARNING 07-28 03:23:18 scheduler.py:196] Input prompt (2716 tokens) is too long and "
+                             "exceeds limit of 2048", None, "kv_capacity"),  # vllm#525 (limit as that era printed it)
+    ("vllm-prompt-too-long", "ValueError: The decoder prompt (length 17772) is longer than the maximum model length of "
+                             "16384.", None, "kv_capacity"),  # xorbitsai/inference#3785
+    ("vllm-prompt-too-long", "ValueError: Prompt length of 5016 is longer than the maximum model length of 4096.",
+     None, "kv_capacity"),  # lmms-eval#711
+    ("openai-max-context", "ValueError: This model's maximum context length is 16384 tokens. However, you requested "
+                           "122946 tokens (112946 in the messages, 10000 in the completion).", None,
+     "kv_capacity"),  # vllm#20409
+    ("sglang-input-too-long", "ValueError: The input (85050 tokens) is longer than the model's context length (32768 "
+                              "tokens).", None, "kv_capacity"),  # sglang#8096
+    ("tgi-input-validation", "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 2048. Given: 3474 "
+                             "`inputs` tokens and 60 `max_new_tokens`", None, "kv_capacity"),  # llm-vscode#94
+    ("ollama-input-too-long", '{ "error": "input length exceeds maximum context length", "status_code": 400 }', None,
+     "kv_capacity"),  # n8n#11144
+    ("lmstudio-context-overflow", "Trying to keep the first 111490 tokens when context the overflows. However, the "
+                                  "model is loaded with context length of only 32768 tokens, which is not enough.",
+     None, "kv_capacity"),  # lmstudio-bug-tracker#546
+    ("llamacpp-prompt-too-long", "llama_generate: error: prompt is too long (2249 tokens, max 1996)", None,
+     "kv_capacity"),  # AGiXT#76 (examples/main)
+    ("llamacpp-prompt-too-long", "Exception: Requested tokens (2285) exceed context window of 2048", None,
+     "kv_capacity"),  # llama-cpp-python
+    ("exllama-seq-exceeds-cache", "AssertionError: Total sequence length exceeds cache size in model.forward", None,
+     "kv_capacity"),  # exllamav2#105
+    ("kv-exhausted", "AssertionError: No space left for only one request, "
+                     "self.token_to_kv_pool_allocator.available_size()=0", None, "kv_capacity"),  # sglang#14948
+    ("lmdeploy-session-len", "2025-11-24 15:34:49,757 - lmdeploy - ERROR - async_engine.py:806 - run out of tokens. "
+                             "session=119.", None, "unknown"),  # lmdeploy#4147
     ("exllamav3-pages", "Job requires 485 pages (only 460 available) and cannot be enqueued. Total cache allocated is "
                         "460 * 256 = 117760 tokens", None, "kv_capacity"),
     ("ios-jetsam", "The app \u201cMLCChat\u201d has been killed by the operating system because it is using too much "
@@ -395,3 +426,20 @@ def test_ollamas_own_kv_estimate_makes_the_context_the_lever():
     d = analyze_text(log)
     assert d["engine"] == "ollama" and d["failure"]["phase"] == "context"
     assert d["suggestions"][0]["id"] == "reduce-ctx", d["suggestions"]
+
+
+REFUSALS = [e for e in EXAMPLES if e[0] in __import__("kvreport.logs.oom", fromlist=["REQUEST_RULES"]).REQUEST_RULES]
+
+
+@pytest.mark.parametrize("line", [e[1] for e in REFUSALS])
+def test_a_request_longer_than_the_context_asks_for_a_larger_context_never_a_smaller_pool(line):
+    """A refused request is no memory shortage: the first fix raises the context above the limit the line names
+    (never to it or below), and no fix shrinks the pool, the batch or the maximum length."""
+    d = analyze_text(line + "\n")
+    ids = [s["id"] for s in d["suggestions"]]
+    assert not {"reduce-max-model-len", "reduce-batch", "reduce-ctx", "quantize-kv-cache"} & set(ids), ids
+    assert ids and ids[0] == "raise-ctx", ids
+    change = d["suggestions"][0]["change"]
+    nums = re.findall(r"\d+", line)
+    if change:
+        assert all(v > min(int(n) for n in nums if int(n) > 100) for v in change.values()), (change, line)

@@ -564,7 +564,8 @@ class _Diagnosis:
         if idx is None:
             # one device by construction: Metal (Apple silicon has one GPU), host memory for the host's own errors
             return "Metal" if backend == "metal" else "CPU" if backend == "cpu" and ev.get("memory", True) else None
-        prefix = {"rocm": "ROCm", "musa": "MUSA"}.get(ev.get("backend") or "", "CUDA") \
+        # torch's device index on its device type: ggml's name for that backend's device N (NPU 1 -> CANN1)
+        prefix = {"rocm": "ROCm", "musa": "MUSA", "cann": "CANN", "sycl": "SYCL"}.get(ev.get("backend") or "", "CUDA") \
             if ev.get("rule") in ("ggml-cuda-error", "torch-oom", "torch-exceed-allowed", "cuda-malloc-oom") else None
         if ev.get("rule") == "ggml-cuda-error":
             prefix = {"rocm": "ROCm", "musa": "MUSA"}.get(self._oom_backend(ev), ev.get("cuda_name") or "CUDA")
@@ -1327,6 +1328,9 @@ class _Diagnosis:
             mem_limit_mib=(self.mem_limit or (None, None))[0], mem_limit_what=(self.mem_limit or (None, None))[1],
             kv_headroom_mib=getattr(self, "headroom_mib", None), kv_headroom_why=getattr(self, "headroom_why", None),
             oom_rule=(self.oom_event or {}).get("rule"), py_stage=f.py_stage or None,
+            request_tokens=(self.oom_event or {}).get("request_tokens"),
+            limit_tokens=(self.oom_event or {}).get("limit_tokens"),
+            limit_setting=(self.oom_event or {}).get("limit_setting"),
             kv_examples_fit=self._examples_fit() if self.summary and size is None else [],
             n_seq_known=cfg_d.get("n_seq_known", True),
             working_set=(self.oom_event or {}).get("rule") in ("metal-status-5", "metal-iogpu-oom", "metal-nil"),

@@ -34,6 +34,8 @@ SUGGESTION_IDS = (
     # added here (design.md: "New ids may be added; none renamed"):
     "lower-gpu-memory-utilization",  # vLLM's start-up gate (memory_budget): utilization x total > free memory,
                                      # so the fraction must go DOWN to start next to other processes
+    "raise-ctx",  # a request longer than the context (or the KV filled up while serving): the context must grow,
+                  # computed from the request's tokens and checked against kvreport's own fit
     "raise-memory-limit",  # a host (CPU) buffer far under the machine's RAM was refused: a per-process cap
                            # (ulimit -v / RLIMIT_AS, a cgroup/container memory.max, strict overcommit) or other
                            # processes; check `ulimit -v`, `cat /sys/fs/cgroup/memory.max`, docker --memory
@@ -124,6 +126,13 @@ class Situation:
     """The failure is torch's OutOfMemoryError as an engine parser read it (only Python engines raise it)."""
     engine_build: int | None = None
     """llama.cpp's build number as the log printed it ("build: 4589 (...)")."""
+    request_tokens: int | None = None
+    """Tokens of a request the engine refused (or could not fit) for its context, as its line gives them."""
+    limit_tokens: int | None = None
+    """The context (or maximum length) in tokens the refused request met, as the line gives it."""
+    limit_setting: str | None = None
+    """The engine setting that limit is, when the line names one other than its context setting (TGI's
+    --max-input-tokens)."""
     kv_estimate_mib: float | None = None
     """The engine's own estimate of the KV cache in MiB, when it printed one (Ollama's ``memory.required.kv``)."""
     metal_plan: dict = field(default_factory=dict)
@@ -720,6 +729,43 @@ def _slots_for_full_kv(b: _Builder, rank: float) -> None:
           "slot (or a larger -c) gives a long request room.")
 
 
+def _raise_ctx(b: _Builder, rank: float) -> None:
+    """raise-ctx: the context grows to hold the request (its tokens rounded up to a multiple of 256; llama-server
+    splits -c between its --parallel slots, so times the slots), in the engine's own setting; not when kvreport's
+    own fit says that context's KV does not fit (then the request must be shorter, and the text says so)."""
+    s = b.s
+    from kvreport.engines import BY_NAME
+
+    eng = BY_NAME.get(s.engine or "")
+    setting = eng.setting("context") if eng else None
+    word = s.limit_setting or (setting.word if setting else "the context length setting")
+    if s.request_tokens is None:
+        b.add(rank, "raise-ctx", "Give the context more room", {},
+              "the log does not show how many tokens the request needs: raise " + word + " (or serve fewer requests "
+              "at a time) until it fits, or send shorter requests",
+              "The context (the KV cache) filled up or was too small for the request; the engine itself asks for a "
+              "larger context. Each parallel slot owns its share of it.")
+        return
+    slots = s.n_seq if (s.engine == "llama.cpp" and s.n_seq and s.n_seq > 1) else 1
+    target = -(-s.request_tokens // 256) * 256 * slots
+    if s.limit_tokens and target <= s.limit_tokens:
+        return  # the line's numbers do not say the context is short of the request: no value to give
+    fit = (s.max_ctx_fit or {}).get(_type_key(s.cache_type_k))
+    if fit is not None and target > fit:
+        return  # kvreport's own numbers say the KV of that context does not fit: only a shorter request helps
+    if s.engine in ("llama.cpp", "ollama"):
+        change = _ctx_change(s, target)
+    else:
+        change = {word: target} if setting or s.limit_setting else {}
+    had = f" (now {_tok(s.limit_tokens)})" if s.limit_tokens else ""
+    b.add(rank, "raise-ctx", f"Raise the context to {_tok(target)} tokens{had}", change,
+          f"the {_tok(s.request_tokens)}-token request fits" + (f" in each of the {slots} slots" if slots > 1 else "")
+          + ("; whether its KV fits the free memory is not known from this log (kvreport fit --model checks it)"
+             if fit is None else f"; its KV fits ({_tok(fit)} tokens would)"),
+          "The engine refused a request longer than its context: nothing ran out of memory, the context is too "
+          "small for it. A larger context costs KV memory in proportion; the other way out is a shorter request.")
+
+
 def _mlx_max_kv(b: _Builder, rank: float) -> None:
     """mlx-lm: cap the KV cache (--max-kv-size, a rotating cache of that many tokens)."""
     s = b.s
@@ -1197,6 +1243,19 @@ _CTX_KNOB_OF_RULE = {"exllama-autosplit": "max_seq_len (exllamav2, ExUI; tabbyAP
 """The context setting of an engine kvreport knows only by its memory error (kvreport.logs.oom rule id -> words)."""
 
 
+def request_refused(s: Situation) -> bool:
+    """A request longer than the context (kvreport.logs.oom.REQUEST_RULES): the context is too small for the request;
+    nothing was short of memory, so no memory lever (a smaller pool, a smaller batch) helps."""
+    from kvreport.logs.oom import REQUEST_RULES
+
+    return s.oom_rule in REQUEST_RULES or s.request_tokens is not None
+
+
+def not_request_refused(s: Situation) -> bool:
+    """The KV filled up while serving (no slot for a batch), not a request refused for its length."""
+    return not request_refused(s)
+
+
 def budget_names_cache(s: Situation) -> bool:
     """The engine's own budget check names the cache it sized for the maximum length (exllamav2/v3's auto-split:
     "Insufficient VRAM for model and cache"): the cache, sized by the context, is the first lever."""
@@ -1298,8 +1357,8 @@ def negative_pool(s: Situation) -> bool:
 
 
 def pool_too_small(s: Situation) -> bool:
-    """The KV pool exists but cannot hold one request of the maximum length."""
-    return not negative_pool(s)
+    """The KV pool exists but cannot hold one request of the maximum length (not a request refused for its length)."""
+    return not negative_pool(s) and not request_refused(s)
 
 
 def sglang_pool_too_small(s: Situation) -> bool:
@@ -1402,8 +1461,10 @@ RULES: tuple[Rule, ...] = (
     _r("reduce-ctx", LLAMA, "memory_budget", budget_gap_small, 0, _reduce_ctx),
     _r("reduce-ctx", LLAMA, "memory_budget", budget_gap_large, 1, _reduce_ctx),
     _r("free-device-memory", LLAMA, "memory_budget", always, 2, _free_memory),
+    _r("raise-ctx", LLAMA, "kv_capacity", request_refused, -1, _raise_ctx),
     _r("reduce-parallel", LLAMA, "kv_capacity", always, 0, _slots_for_full_kv),
-    _r("reduce-batch", LLAMA, "kv_capacity", always, 1, _reduce_batch),
+    _r("raise-ctx", LLAMA, "kv_capacity", not_request_refused, 0.5, _raise_ctx),
+    _r("reduce-batch", LLAMA, "kv_capacity", not_request_refused, 1, _reduce_batch),
     _r("reduce-ctx", LLAMA, _UNK, huge_ctx, 0, _reduce_ctx),
     _r("quantize-kv-cache", LLAMA, _UNK, huge_ctx, 1, _quantize),
     _r("reduce-gpu-layers", LLAMA, _UNK, huge_ctx_on_gpu, 2, _reduce_layers_sized),
@@ -1425,6 +1486,7 @@ RULES: tuple[Rule, ...] = (
     _r("raise-gpu-memory-utilization", PYTHON, ("kv_capacity", "kv_cache"), negative_pool, 0, _py_raise_util_negative),
     _r("smaller-model-or-quant", PYTHON, ("kv_capacity", "kv_cache"), negative_pool, 1, _smaller_model),
     _r("more-devices", PYTHON, ("kv_capacity", "kv_cache"), negative_pool, 2, _py_more_devices),
+    _r("raise-ctx", PYTHON, "kv_capacity", request_refused, -1, _raise_ctx),
     _r("reduce-max-model-len", PYTHON, ("kv_capacity", "kv_cache"), pool_too_small, 0, _py_reduce_max_len),
     _r("raise-gpu-memory-utilization", PYTHON, ("kv_capacity", "kv_cache"), sglang_pool_too_small, 0.5, _py_raise_util),
     _r("raise-gpu-memory-utilization", PYTHON, ("kv_capacity", "kv_cache"), vllm_pool_too_small, 1, _py_raise_util),
@@ -1443,6 +1505,7 @@ RULES: tuple[Rule, ...] = (
     # mlx-lm and its front-ends (LM Studio's MLX engine, vMLX, mlx-omni-server): their own knobs
     _r("reduce-batch", MLX, _ACT, mlx_over_limit, 0, _mlx_prefill),
     _r("reduce-ctx", MLX, _ACT, mlx_over_limit, 1, _mlx_max_kv),
+    _r("raise-ctx", MLX, "kv_capacity", request_refused, -1, _raise_ctx),
     _r("reduce-ctx", MLX, (*_KVC, *_ACT), mlx_not_over_limit, 0, _mlx_max_kv),
     _r("reduce-batch", MLX, _ACT, mlx_not_over_limit, 1, _mlx_prefill),
     _r("smaller-model-or-quant", MLX, (*_KVC, *_ACT, "model_weights"), always, 2, _smaller_model),

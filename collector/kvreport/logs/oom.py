@@ -135,6 +135,29 @@ def _need_have(m: re.Match) -> dict:
     return out
 
 
+def _tokens(m: re.Match) -> dict:
+    """A refused request's size and the limit it met, in tokens (the groups ``n``/``n2``/``n3`` and ``m``/``m2``)."""
+    d = m.groupdict()
+    n = next((d[k] for k in ("n", "n2", "n3") if d.get(k)), None)
+    if n is None and d.get("given") and d.get("new"):  # TGI: the prompt and max_new_tokens both count
+        n = str(int(d["given"]) + int(d["new"]))
+    lim = next((d[k] for k in ("m", "m2") if d.get(k)), None)
+    return {**({"request_tokens": int(n)} if n else {}), **({"limit_tokens": int(lim)} if lim else {})}
+
+
+_JSON_TOKENS = re.compile(r'"n_prompt_tokens"\s*:\s*(\d+)\s*,\s*"n_ctx"\s*:\s*(\d+)')
+
+
+def _tokens_json(m: re.Match) -> dict:
+    """llama-server's refusal: its message's numbers, else the error body's ``n_prompt_tokens`` / ``n_ctx``."""
+    out = _tokens(m)
+    j = _JSON_TOKENS.search(m.string)
+    if j:
+        out.setdefault("request_tokens", int(j.group(1)))
+        out.setdefault("limit_tokens", int(j.group(2)))
+    return out
+
+
 def _pool(m: re.Match) -> dict:
     return {"mib": _mib(m.group("need"), None), "limit_mib": _mib(m.group("avail"), None)}  # None when not printed
 
@@ -352,9 +375,58 @@ RULES: tuple[OomRule, ...] = (
     # -- llama-server (2025+) refuses a request longer than the slot's context: error JSON "request (N tokens) exceeds
     #    the available context size (M tokens), try increasing it", "type":"exceed_context_size_error"
     OomRule("llama-server-exceed-context", ("exceed_context_size_error", "exceeds the available context size"),
-            re.compile(r"exceed_context_size_error|exceeds the available context size"), None,
+            re.compile(r"(?:request \((?P<n>\d+) tokens\) )?(?:exceeds the available context size(?: \((?P<m>\d+) "
+                       r"tokens\))?|exceed_context_size_error)"), None,
             "llama.cpp tools/server (ERROR_TYPE_EXCEED_CONTEXT_SIZE), as clients relay its 400 body",
-            phase="kv_capacity", engine="llama.cpp"),
+            phase="kv_capacity", engine="llama.cpp", read=lambda m: _tokens_json(m)),
+    # -- a request longer than the context (or the model's maximum length) refused before any memory is asked for,
+    #    in each engine's words: the context / KV pool is too small for the request (phase kv_capacity, as llama-server's
+    #    exceed_context_size_error above). request_tokens / limit_tokens are tokens.
+    OomRule("vllm-prompt-too-long", ("is too long and exceeds limit of", "longer than the maximum model length"),
+            re.compile(r"Input prompt \((?P<n>\d+) tokens\) is too long and exceeds limit of (?P<m>\d+)|"
+                       r"(?:decoder prompt \(length (?P<n2>\d+)\)|Prompt length of (?P<n3>\d+)) is longer than the "
+                       r"maximum model length of (?P<m2>\d+)"), None,
+            "vllm core/scheduler.py (V0: 'Input prompt (N tokens) is too long and exceeds limit of M', the request is "
+            "ignored, vllm#525, #10440); engine/processor _validate_model_input ('The decoder prompt (length N) is longer "
+            "than the maximum model length of M', 'Prompt length of N is longer than ...', xorbitsai/inference#3785)",
+            phase="kv_capacity", engine="vllm", read=lambda m: _tokens(m)),
+    OomRule("openai-max-context", ("maximum context length is",),
+            re.compile(r"maximum context length is (?P<m>\d+) tokens\. However, you requested (?P<n>\d+) tokens"), None,
+            "the OpenAI-compatible servers' refusal (vLLM serving_chat.py and others, vllm#20409)", phase="kv_capacity",
+            read=lambda m: _tokens(m)),
+    OomRule("sglang-input-too-long", ("longer than the model's context length", "longer than the model\\'s context"),
+            re.compile(r"The input \((?P<n>\d+) tokens\) is longer than the model\\?'s context length \((?P<m>\d+) "
+                       r"tokens\)"), None, "SGLang tokenizer manager's input validation (Qwen3#1321, sglang#8096)",
+            phase="kv_capacity", engine="sglang", read=lambda m: _tokens(m)),
+    OomRule("tgi-input-validation", ("Input validation error",),
+            re.compile(r"Input validation error: `inputs` (?:tokens \+ `max_new_tokens` must be <= (?P<m>\d+)(?:\. "
+                       r"Given: (?P<given>\d+) `inputs` tokens and (?P<new>\d+) `max_new_tokens`)?|must have less than "
+                       r"(?P<m2>\d+) tokens\. Given: (?P<n>\d+))"), None,
+            "TGI router validation.rs (max_total_tokens / max_input_tokens; llm-vscode#94, TGI#695)",
+            phase="kv_capacity", engine="tgi",
+            read=lambda m: {**_tokens(m), **({"limit_setting": "--max-input-tokens"} if m.group("m2") else {})}),
+    OomRule("ollama-input-too-long", ("input length exceeds", "exceeds the context length"),
+            re.compile(r"input length exceeds (?:the |maximum )?context length"), None,
+            "ollama server/routes.go EmbedHandler ('input length exceeds maximum context length', n8n#11144; 'the input "
+            "length exceeds the context length', 2025)", phase="kv_capacity", engine="ollama"),
+    OomRule("lmstudio-context-overflow", ("which is not enough",),
+            re.compile(r"Trying to keep the first (?P<n>\d+) tokens when context the overflows\. However, the model is "
+                       r"loaded with context length of only (?P<m>\d+) tokens"), None,
+            "LM Studio's context overflow policy refusal (lmstudio-bug-tracker#546, #237)", phase="kv_capacity",
+            read=lambda m: _tokens(m)),
+    OomRule("llamacpp-prompt-too-long", ("prompt is too long (", "exceed context window of"),
+            re.compile(r"prompt is too long \((?P<n>\d+) tokens, max (?P<m>\d+)\)|Requested tokens \((?P<n2>\d+)\) "
+                       r"exceed context window of (?P<m2>\d+)"), None,
+            "llama.cpp examples/main (2023) 'error: prompt is too long (N tokens, max M)'; llama-cpp-python "
+            "'Requested tokens (N) exceed context window of M' (llama-cpp-python#416)", phase="kv_capacity",
+            engine="llama.cpp", read=lambda m: _tokens(m)),
+    OomRule("exllama-seq-exceeds-cache", ("exceeds cache size",), re.compile(r"Total sequence length exceeds cache size"),
+            None, "exllamav2 model.forward (exllamav2#105): the cache holds fewer tokens than the sequence",
+            phase="kv_capacity"),
+    OomRule("kv-exhausted", ("KV cache exhausted", "kv cache exhausted", "No space left for only one request"),
+            re.compile(r"(?i:kv cache exhausted)|No space left for only one request"), None,
+            "engines' KV block pools out of blocks: SGLang schedule_batch.py retract_decode 'No space left for only one "
+            "request' (sglang#14948), 'KV cache exhausted: no free blocks'", phase="kv_capacity"),
     # -- llama.rn (React Native binding of llama.cpp; PocketPal and other phone apps): RNLlama's completion throws
     #    "Context is full" when the context filled up
     OomRule("llama-rn-context-full", ("Context is full",), re.compile(r"\bContext is full\b"), None,
@@ -416,9 +488,11 @@ RULES: tuple[OomRule, ...] = (
             phase="memory_budget",
             read=lambda m: {"mib": _mib(m.group("need"), m.group("nu"))} if m.group("need") else {}),
     # -- failures that are not about memory, in formats no engine parser reads (phase unknown, no memory fix)
-    OomRule("lmdeploy-session-len", ("run out of tokens",), re.compile(r"run out of tokens\. session_id="), None,
-            "lmdeploy serve/async_engine.py: the prompt plus max_new_tokens exceed --session-len (a refused request)",
-            engine="lmdeploy", memory=False),
+    OomRule("lmdeploy-session-len", ("run out of tokens", "exceed session max length"),
+            re.compile(r"run out of tokens\. session(?:_id)?=|exceed session max length"), None,
+            "lmdeploy serve/async_engine.py generate() 'run out of tokens. session_id=' (2024) / 'session=' (2025, "
+            "lmdeploy#4147); its chat client's 'exceed session max length' (lmdeploy#732): the prompt plus "
+            "max_new_tokens exceed --session-len (a refused request)", engine="lmdeploy", memory=False),
     OomRule("lmstudio-load-failed", ('"title": "Failed to load model"',),
             re.compile(r'"title": "Failed to load model"'), None,
             "LM Studio's load error JSON (title / cause / errorData / data.memory): the load failed, the cause is in "
@@ -504,6 +578,11 @@ _LOG_LEVEL_INFO = re.compile(r"(?:^|[\s\]|)])(?:INFO|DEBUG|level=INFO|level=DEBU
 _NET_SIZE = re.compile(r"(?i)allocat\w*\s+([\d.]+)\s*([KMGT]i?B)\b")
 _NOT_FAILURES = re.compile(r"(?i)\b(?:to avoid|avoid(?:s|ing)? (?:an? )?(?:oom|out of memory)|may run out|might run out|"
                            r"if you (?:run|get|see)|reduce .{0,40}to prevent|--help|usage:|prevent oom|oom[ _-]?(?:score|adj))")
+REQUEST_RULES = ("vllm-prompt-too-long", "openai-max-context", "sglang-input-too-long", "tgi-input-validation",
+                 "ollama-input-too-long", "lmstudio-context-overflow", "llamacpp-prompt-too-long",
+                 "llama-server-exceed-context", "exllama-seq-exceeds-cache", "llama-rn-context-full")
+"""The rules whose line says a request did not fit the context (refused, or the context filled up): the context is
+too small for the request, not the memory for the context."""
 HOST_RULES = ("oom-killer", "enomem", "bad-alloc", "python-memoryerror", "ios-jetsam")
 """The rules whose line says the host itself ran out (the OOM killer, ENOMEM, std::bad_alloc, MemoryError)."""
 
