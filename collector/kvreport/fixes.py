@@ -180,9 +180,16 @@ class _Builder:
         return [d for _r, _n, d in sorted(self.items.values(), key=lambda t: (t[0], t[1]))[:limit]]
 
 
+_NO_REWRITE_PROGRAMS = ("llama_cpp.",)
+"""Programs of an engine whose settings have other names than the engine's own program (llama-cpp-python's server
+takes --n_ctx, --n_gpu_layers, not llama-server's -c, -ngl): their command is not rewritten, the change is given."""
+
+
 def _command(s: Situation, change: dict) -> str | None:
     if not s.command or not (s.command.get("argv") or s.command.get("line")):
         return None
+    if s.command.get("engine") != s.engine or str(s.command.get("program") or "").startswith(_NO_REWRITE_PROGRAMS):
+        return None  # another program's command line: the change's flags are not its flags
     flag_changes = {k: v for k, v in change.items() if k.startswith("-") or k.isupper()}
     if not flag_changes:
         return None
@@ -1361,6 +1368,12 @@ def pool_too_small(s: Situation) -> bool:
     return not negative_pool(s) and not request_refused(s)
 
 
+def util_cannot_grow(s: Situation) -> bool:
+    """The KV pool is too small and no memory fraction up to 0.95 grows it enough (or it is already there): the
+    weights leave too little room on these devices."""
+    return pool_too_small(s) and _py_raise_util_change(s) is None
+
+
 def sglang_pool_too_small(s: Situation) -> bool:
     """SGLang's token pool is too small (its error asks for a larger --mem-fraction-static)."""
     return pool_too_small(s) and s.engine == "sglang"
@@ -1492,6 +1505,8 @@ RULES: tuple[Rule, ...] = (
     _r("raise-gpu-memory-utilization", PYTHON, ("kv_capacity", "kv_cache"), vllm_pool_too_small, 1, _py_raise_util),
     _r("reduce-max-num-seqs", PYTHON, ("kv_capacity", "kv_cache"), pool_too_small, 1.5, _py_one_seq),
     _r("quantize-kv-cache", PYTHON, ("kv_capacity", "kv_cache"), pool_too_small, 2, _py_fp8),
+    _r("smaller-model-or-quant", PYTHON, ("kv_capacity", "kv_cache"), util_cannot_grow, 2.5, _smaller_model),
+    _r("more-devices", PYTHON, ("kv_capacity", "kv_cache"), util_cannot_grow, 3, _py_more_devices),
     _r("work-around-alloc-limit", PYTHON, _CB, fixed_workspace, -1, _py_workspace),
     _r("reduce-max-model-len", PYTHON, _UNK, activation_oom, 0, _py_act_max_len),
     _r("reduce-batch", PYTHON, _CB, activation_oom, 0, _py_act_batch),
