@@ -443,3 +443,16 @@ def test_a_request_longer_than_the_context_asks_for_a_larger_context_never_a_sma
     nums = re.findall(r"\d+", line)
     if change:
         assert all(v > min(int(n) for n in nums if int(n) > 100) for v in change.values()), (change, line)
+
+
+def test_a_pinned_refusal_the_2024_loader_went_on_from_is_recovered():
+    """ggml_cuda_host_malloc's warning (its %.2f in a decimal-comma locale, llama.cpp#9629) followed by the 2024
+    loader's buffer lines: llama.cpp fell back to plain host memory and carried on, so nothing failed."""
+    log = ("llm_load_tensors: ggml ctx size =    0.37 MiB\n"
+           "ggml_cuda_host_malloc: failed to allocate 1900,00 MiB of pinned memory: invalid argument\n"
+           "llm_load_tensors: offloaded 40/41 layers to GPU\n"
+           "llm_load_tensors:        CPU buffer size =  8694.21 MiB\n"
+           "llm_load_tensors:      CUDA0 buffer size =  7883.12 MiB\n")
+    d = analyze_text(log)
+    assert d["failure"]["phase"] == "none", d["failure"]
+    assert any(x["kind"] == "recovered_allocation" for x in d["findings"]), d["findings"]

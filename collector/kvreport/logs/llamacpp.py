@@ -62,8 +62,9 @@ _PROGRAM = re.compile(r"\b(llama-server|llama-cli|llama-completion|llama-bench|l
 _CUDA_OOM = re.compile(r"allocating ([\d.]+) MiB on device (\d+): (cuda|hip|musa)Malloc failed:?\s*(.*)", re.I)
 # ggml-cuda ggml_cuda_host_malloc: "failed to allocate N MiB of pinned memory: <why>" (2024+, "warning: " before it in
 # some builds); 2023 builds printed "WARNING: failed to allocate N MB of pinned memory: out of memory"
-_PINNED = re.compile(r"(?:ggml_cuda_host_malloc: )?(?:warning: |WARNING: )?failed to allocate ([\d.]+) (?:MiB|MB) of "
-                     r"pinned memory(?::\s*(.*))?")
+# (%.2f under a locale with a decimal comma prints "1900,00": llama.cpp#9629)
+_PINNED = re.compile(r"(?:ggml_cuda_host_malloc: )?(?:warning: |WARNING: )?failed to allocate (\d+(?:[.,]\d+)?) (?:MiB|MB) "
+                     r"of pinned memory(?::\s*(.*))?")
 # ggml-vulkan: "Device memory allocation of size N failed" (ggml_vk_create_buffer) and, from ggml_vk_create_buffer_check,
 # "ggml_vulkan: Memory allocation of size N failed"
 _VK_ALLOC = re.compile(r"(?:Device m|ggml_vulkan: M)emory allocation of size (\d+) failed")
@@ -291,6 +292,8 @@ def _buffers(f: LogFacts, line: str, lineno: int) -> bool:
         _note_device_name(f, m.group(1))
         f.buffers.append({"fn": "llm_load_tensors", "device": m.group(1), "kind": "model",
                           "mib": float(m.group(2)), "dry_run": f.in_fit})
+        if not f.in_fit:  # a buffer the 2024 loader did allocate (after a pinned refusal: it fell back)
+            f.add_event("alloc_ok", lineno, line, what="model")
         return True
     return False
 
@@ -554,7 +557,7 @@ def _f_cuda_oom(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
 
 def _f_pinned(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
     f.add_event("pinned", lineno, line, backend="cuda", device=f"{f.cuda_name or 'CUDA'}_Host",
-                mib=float(m.group(1)), error=(m.group(2) or "").strip())
+                mib=float(m.group(1).replace(",", ".")), error=(m.group(2) or "").strip())
 
 
 def _f_vk_pinned(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
