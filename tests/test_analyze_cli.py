@@ -163,9 +163,10 @@ def test_not_a_log_is_a_one_line_error(tmp_path, content, why):
     assert r.stderr.count("\n") == 1 and why in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("command", ["collect", "analyze"])
+@pytest.mark.parametrize("command", ["analyze"])
 def test_unbalanced_quote_in_command_is_a_one_line_error(tmp_path, command):
-    """A --command whose quote is never closed is refused (exit 2, one stderr line), not parsed into a guess."""
+    """analyze: a --command whose quote is never closed is refused (exit 2, one stderr line), not parsed into a guess.
+    (collect keeps it as typed: design.md, tests/test_collect.py.)"""
     args = [sys.executable, "-m", "kvreport.cli", command]
     args += ["--log", str(FAIL), "-o", str(tmp_path / "b.json")] if command == "collect" else [str(FAIL)]
     r = subprocess.run([*args, "--command", 'llama-server -m "unterminated -c 4096'], capture_output=True,

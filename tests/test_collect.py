@@ -528,3 +528,21 @@ def test_read_excerpt_without_grep_or_with_a_failing_grep(tmp_path, monkeypatch)
     monkeypatch.setattr("shutil.which", lambda name, *a, **k: str(bad) if name == "grep" else None)
     assert excerpt_fast.read_excerpt(str(case / "log.txt")).to_log("file") == slow
     assert collect.read_log(str(case / "log.txt")).to_log("file") == slow
+
+
+def test_collect_keeps_a_command_it_cannot_split(tmp_path):
+    """design.md: collect never fails because it cannot parse the command. A line cut inside a quote is stored as
+    typed, marked, and no suggestion rewrites it into a command to paste (its words would be a guess)."""
+    log = tmp_path / "l.log"
+    log.write_text("llama_kv_cache_init: failed to allocate buffer for kv cache\n")
+    out = tmp_path / "b.json"
+    r = subprocess.run([sys.executable, "-m", "kvreport.cli", "collect", "--log", str(log), "--command",
+                        'llama-server -m "unterminated -c 5', "--yes", "-o", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    b = json.loads(out.read_text())
+    assert b["command"]["line"] == 'llama-server -m "unterminated -c 5'
+    assert "unbalanced quote" in b["command"]["split_error"]
+    from kvreport.analyze import analyze
+
+    assert all(s.get("command") is None for s in analyze(b)["suggestions"])

@@ -456,3 +456,13 @@ def test_a_pinned_refusal_the_2024_loader_went_on_from_is_recovered():
     d = analyze_text(log)
     assert d["failure"]["phase"] == "none", d["failure"]
     assert any(x["kind"] == "recovered_allocation" for x in d["findings"]), d["findings"]
+
+
+def test_no_kv_offload_is_not_suggested_to_a_command_that_has_it():
+    log = ("llama_kv_cache_init:      CUDA0 KV buffer size = 16384.00 MiB\n"
+           "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 16384.00 MiB on device 0: cudaMalloc failed: out of "
+           "memory\nllama_kv_cache_init: failed to allocate buffer for kv cache\n")
+    ids = [s["id"] for s in analyze_text(log, "llama-server -m m.gguf -c 131072 --no-kv-offload")["suggestions"]]
+    assert "kv-cache-on-host" not in ids, ids
+    ids = [s["id"] for s in analyze_text(log, "llama-server -m m.gguf -c 131072")["suggestions"]]
+    assert "kv-cache-on-host" in ids, ids

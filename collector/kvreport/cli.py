@@ -114,7 +114,8 @@ def _collect_options(f):
     opts = [
         click.option("--log", "log_path", type=click.Path(dir_okay=False, allow_dash=True),
                      help="Engine log file to read ('-' for stdin)."),
-        click.option("--command", "command_line", callback=_command_line,
+        # design.md: collect never fails because it cannot parse the command (it is stored verbatim, redacted)
+        click.option("--command", "command_line",
                      help="The engine command line as you typed it."),
         click.option("--model", "model_path", type=click.Path(dir_okay=False),
                      help="GGUF model file (only its header is read)."),

@@ -194,9 +194,12 @@ def command_section(command_line: str | list[str] | None, extra_env: dict[str, s
     """The bundle's ``command`` section: :func:`kvreport.cmdline.parse_command` of the line, with the
     settings the engine also read from the environment it ran in (``extra_env``: LLAMA_ARG_*,
     OLLAMA_*), parsed as if they were env prefixes (the command line still wins); ``line`` as typed."""
-    from kvreport.cmdline import parse_command
+    from kvreport.cmdline import parse_command, quote_problem
 
     command = parse_command(command_line) if command_line else {}
+    problem = quote_problem(command_line) if isinstance(command_line, str) else None
+    if problem:  # stored as typed all the same (design.md: collect never fails on a command it cannot parse)
+        command["split_error"] = problem
     if extra_env and command_line:
         prefix = [f"{k}={v}" for k, v in extra_env.items()]
         if isinstance(command_line, str):

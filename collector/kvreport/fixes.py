@@ -190,6 +190,8 @@ def _command(s: Situation, change: dict) -> str | None:
         return None
     if s.command.get("engine") != s.engine or str(s.command.get("program") or "").startswith(_NO_REWRITE_PROGRAMS):
         return None  # another program's command line: the change's flags are not its flags
+    if s.command.get("split_error"):
+        return None  # a line that does not split (a quote left open): its words are a guess, no command to paste
     flag_changes = {k: v for k, v in change.items() if k.startswith("-") or k.isupper()}
     if not flag_changes:
         return None
@@ -487,6 +489,8 @@ def _quantize(b: _Builder, rank: float) -> None:
               "together they keep more context than a smaller context alone.")
         return
     kv_new = _kv(s, cache_type="q8_0")
+    if kv_new is not None and s.kv_mib and kv_new >= s.kv_mib * 0.99:
+        return  # kvreport's own arithmetic: no smaller KV (no no-op)
     b.add(rank, "quantize-kv-cache", "Store the KV cache as q8_0", change,
           (f"KV {_mib(kv_new)} MiB instead of {_mib(s.kv_mib)} MiB{extra}" if kv_new is not None
            else "about half the KV bytes of f16"), why)
@@ -494,8 +498,8 @@ def _quantize(b: _Builder, rank: float) -> None:
 
 def _headroom(b: _Builder, rank: float) -> None:
     s = b.s
-    if s.backend in ("cpu", "unknown") or _is_ollama(s):
-        return
+    if s.backend in ("cpu", "unknown") or _is_ollama(s) or (s.flags or {}).get("no_kv_offload") is True:
+        return  # nothing to move, or the command already keeps the KV on the host (no no-op)
     kv = s.kv_mib
     b.add(rank, "kv-cache-on-host", "Keep the KV cache in host memory", {"--no-kv-offload": True},
           f"frees the KV ({_mib(kv)} MiB) from {s.failing_device or 'the GPU'}; decoding gets slower" if kv
