@@ -466,3 +466,19 @@ def test_no_kv_offload_is_not_suggested_to_a_command_that_has_it():
     assert "kv-cache-on-host" not in ids, ids
     ids = [s["id"] for s in analyze_text(log, "llama-server -m m.gguf -c 131072")["suggestions"]]
     assert "kv-cache-on-host" in ids, ids
+
+
+def test_ollamas_scheduler_view_bounds_the_free_memory_and_names_the_layers():
+    """Ollama's "offload to cuda" record (ollama#8471 shape): memory.available is free memory before anything was
+    loaded, an upper bound at the failure: a request above it exceeds free; layers.offload is the -ngl of the run."""
+    rec = ('time=2025-01-17T16:39:27.986Z level=INFO source=memory.go:356 msg="offload to cuda" layers.requested=-1 '
+           'layers.model=33 layers.offload=32 layers.split="" memory.available="[15.4 GiB]" '
+           'memory.required.full="16.2 GiB" memory.required.partial="14.3 GiB" memory.required.kv="256.0 MiB"\n')
+    big = rec + ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 35533.34 MiB on device 0: cudaMalloc failed: "
+                 "out of memory\nggml_gallocr_reserve_n: failed to allocate CUDA0 buffer of size 37259153408\n")
+    assert analyze_text(big)["failure"]["verdict"] == "exceeds_free"
+    small = big.replace("35533.34", "2508.00").replace("37259153408", "2629828608")
+    d = analyze_text(small)
+    assert d["failure"]["verdict"] == "unknown"  # below the bound: whether it fit after the weights is not known
+    layers = next(s for s in d["suggestions"] if s["id"] == "reduce-gpu-layers")
+    assert 0 < layers["change"]["num_gpu"] < 32, layers

@@ -823,15 +823,23 @@ class _Diagnosis:
             out["verdict"] = "unknown"
 
     def _total_below(self, device: str | None, backend: str, req: float) -> bool:
-        """No free figure, but the device's whole memory (as its init line prints it: ``VRAM: 7882 MiB``) is below the
-        request: it exceeded what was free whatever that was. Not for Metal and host memory, whose printed totals
-        are a working-set recommendation or exclude swap."""
-        total = (self.f.devices.get(device or "") or {}).get("total_mib")
-        if not total or backend in ("metal", "cpu", "unknown") or req <= total:
+        """No free figure at the failure, but an upper bound on it is below the request, so it exceeded what was free
+        whatever that was: the device's whole memory (as its init line prints it: ``VRAM: 7882 MiB``), or what
+        Ollama's scheduler saw free before loading anything (``memory.available`` of its one GPU). Not for Metal and
+        host memory, whose printed totals are a working-set recommendation or exclude swap."""
+        if backend in ("metal", "cpu", "unknown"):
             return False
-        self.finding("request_above_total", f"the failed {_fmt(req)} MiB is more than {device}'s whole memory "
-                     f"({_fmt(total)} MiB): it cannot fit there, whatever else is loaded")
-        return True
+        total = (self.f.devices.get(device or "") or {}).get("total_mib")
+        if total and req > total:
+            self.finding("request_above_total", f"the failed {_fmt(req)} MiB is more than {device}'s whole memory "
+                         f"({_fmt(total)} MiB): it cannot fit there, whatever else is loaded")
+            return True
+        avail = [x for x in self.f.ollama.get("offload_available_mib") or [] if x is not None]
+        if len(avail) == 1 and req > avail[0]:
+            self.finding("request_above_total", f"the failed {_fmt(req)} MiB is more than the {_fmt(avail[0])} MiB "
+                         "Ollama saw free on the GPU before loading anything (memory.available)")
+            return True
+        return False
 
     def _process_limit(self) -> tuple[float, str] | None:
         """The smallest per-process memory limit the bundle records, as (MiB, words), else None.

@@ -80,6 +80,16 @@ def _msg_record(f: LogFacts, line: str, lineno: int) -> bool:
         o["estimate"] = {k: v for k, v in a.items() if k.startswith(("memory.", "layers.", "library"))}
         if "memory.required.kv" in a:
             o["kv_estimate_mib"] = _mib(a["memory.required.kv"])
+        # its scheduler's view of each GPU's free memory ("[15.4 GiB]", one entry a GPU, before anything is loaded)
+        # and the layers it planned on the GPU ("layers.offload=32 layers.model=33", the -ngl of the run that
+        # follows when no "offloaded N/M layers" line gives it)
+        avail = [_mib(v + " " + u) for v, u in re.findall(r"([\d.]+)\s*([KMGT]i?B)", a.get("memory.available", ""))]
+        if avail:
+            o["offload_available_mib"] = avail  # before the weights were loaded: an upper bound on free at failure
+            f.note_line("free:ollama_offload", lineno, line)
+        off, total = to_int(a.get("layers.offload")), to_int(a.get("layers.model"))
+        if off is not None and total:
+            f.ctx.setdefault("offloaded_layers", f"{off}/{total}")
     elif msg in ("kv cache", "model weights", "compute graph", "total memory"):
         o.setdefault("layout", []).append({"what": msg, "device": a.get("device"), "mib": _mib(a.get("size"))})
     elif msg == "gpu memory":
