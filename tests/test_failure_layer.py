@@ -171,6 +171,10 @@ EXAMPLES = [
                      "self.token_to_kv_pool_allocator.available_size()=0", None, "kv_capacity"),  # sglang#14948
     ("lmdeploy-session-len", "2025-11-24 15:34:49,757 - lmdeploy - ERROR - async_engine.py:806 - run out of tokens. "
                              "session=119.", None, "unknown"),  # lmdeploy#4147
+    ("mlc-insufficient-gpu-memory", "TVMError: Check failed: (output_res.IsOk()) is false: Insufficient GPU memory "
+                                    "error: The available single GPU memory is 19314.976 MB, which is less than the "
+                                    "sum of model weight size (51.083 MB) and temporary buffer size (106.819 MB).",
+     None, "memory_budget"),  # mlc-llm#2791
     ("exllamav3-pages", "Job requires 485 pages (only 460 available) and cannot be enqueued. Total cache allocated is "
                         "460 * 256 = 117760 tokens", None, "kv_capacity"),
     ("ios-jetsam", "The app \u201cMLCChat\u201d has been killed by the operating system because it is using too much "
@@ -482,3 +486,15 @@ def test_ollamas_scheduler_view_bounds_the_free_memory_and_names_the_layers():
     assert d["failure"]["verdict"] == "unknown"  # below the bound: whether it fit after the weights is not known
     layers = next(s for s in d["suggestions"] if s["id"] == "reduce-gpu-layers")
     assert 0 < layers["change"]["num_gpu"] < 32, layers
+
+
+@pytest.mark.parametrize(("line", "req", "free"), [
+    ("jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in "
+     "memory space hbm. Used 21.95G of 15.48G hbm. Exceeded hbm capacity by 6.47G.", 22476.8, None),  # vllm#8318
+    ("RESOURCE_EXHAUSTED: Attempting to reserve 10.51G at the bottom of memory. That was not possible. There are "
+     "8.97G free, 0B reserved, and 8.97G reservable.", 10762.24, 9185.28),  # transformers#22328
+])
+def test_xla_sizes_are_read(line, req, free):
+    f = analyze_text(line + "\n")["failure"]
+    assert f["requested_mib"] == pytest.approx(req, rel=1e-3)
+    assert f["free_mib"] == (pytest.approx(free, rel=1e-3) if free else None)

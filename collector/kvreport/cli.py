@@ -185,7 +185,8 @@ def analyze(path: str, as_json: bool, command_line: str | None, model_path: str 
               help="A llama.cpp log that printed the model parameters.")
 @click.option("--config", "hf_config", type=click.Path(dir_okay=False),
               help="A Hugging Face config.json (vLLM / SGLang sizing).")
-@click.option("-c", "--ctx-size", "ctx_size", type=click.IntRange(min=0), help="Requested context (tokens).")
+@click.option("-c", "--ctx-size", "ctx_size", type=click.IntRange(min=0, max=2**32 - 1),
+              help="Requested context (tokens; llama.cpp's n_ctx is a 32-bit count).")
 @click.option("--free-mib", type=_MiB(), help="Free memory to fit into (MiB); default: what the --log printed for its GPUs, else local devices.")
 @click.option("-np", "--parallel", "parallel", type=click.IntRange(min=1), help="Parallel sequences (slots).")
 @click.option("-kvu/-no-kvu", "--kv-unified/--no-kv-unified", "kv_unified", default=None,

@@ -631,7 +631,8 @@ def _free_memory(b: _Builder, rank: float) -> None:
         return
     b.add(rank, "free-device-memory", f"Free memory on {s.failing_device or 'the device'}", {},
           (f"{_mib(s.requested_mib)} MiB needed, {_mib(free)} MiB free" if s.requested_mib is not None and free is not None
-           else f"{_mib(s.requested_mib)} MiB more must be free" if s.requested_mib is not None
+           else f"{_mib(s.requested_mib)} MiB free for the refused allocation (the log does not say how much was)"
+           if s.requested_mib is not None
            else "more free memory for the same configuration"),
           "Other processes (another model, a desktop, earlier runs) hold memory on this device; stop them or run one at a time.")
 

@@ -158,6 +158,22 @@ def _tokens_json(m: re.Match) -> dict:
     return out
 
 
+_XLA_USED = re.compile(r"Used ([\d.]+)([KMGT])i?B? of ([\d.]+)([KMGT])i?B? (\w+)")
+_XLA_RESERVE = re.compile(r"Attempting to reserve ([\d.]+)([KMGT])i?B?\b.{0,120}?There are ([\d.]+)([KMGT])i?B? free")
+
+
+def _xla(text: str) -> dict:
+    """XLA's sizes: "Used 21.95G of 15.48G hbm" (the program's need and the memory space's size) or "Attempting to
+    reserve 10.51G ... There are 8.97G free" (MiB out)."""
+    m = _XLA_USED.search(text)
+    if m:
+        return {"mib": _mib(m.group(1), m.group(2) + "iB"), "limit_mib": _mib(m.group(3), m.group(4) + "iB")}
+    m = _XLA_RESERVE.search(text)
+    if m:
+        return {"mib": _mib(m.group(1), m.group(2) + "iB"), "free_mib": _mib(m.group(3), m.group(4) + "iB")}
+    return {}
+
+
 def _pool(m: re.Match) -> dict:
     return {"mib": _mib(m.group("need"), None), "limit_mib": _mib(m.group("avail"), None)}  # None when not printed
 
@@ -472,8 +488,15 @@ RULES: tuple[OomRule, ...] = (
     # -- XLA (TPU; JAX / PyTorch-XLA under vLLM): absl status RESOURCE_EXHAUSTED with XLA's memory words
     OomRule("xla-resource-exhausted", ("RESOURCE_EXHAUSTED",),
             re.compile(r"RESOURCE_EXHAUSTED\b.{0,300}?(?:[Oo]ut of memory|Attempting to reserve|[Aa]llocat|memory space)"),
-            None, "XLA / absl status RESOURCE_EXHAUSTED ('Ran out of memory in memory space hbm/smem', 'Attempting to "
-            "reserve N at the bottom of memory')"),
+            None, "XLA / absl status RESOURCE_EXHAUSTED ('Ran out of memory in memory space hbm/smem. Used 21.95G of "
+            "15.48G hbm', vllm#8318; 'Attempting to reserve 10.51G at the bottom of memory. That was not possible. "
+            "There are 8.97G free', transformers#22328; XLA's sizes are 1024-based)", read=lambda m: _xla(m.string)),
+    # -- MLC-LLM's own check before it allocates (mlc-llm#2791): "Insufficient GPU memory error: The available single
+    #    GPU memory is 19314.976 MB, which is less than the sum of model weight size (...) and temporary buffer size"
+    OomRule("mlc-insufficient-gpu-memory", ("Insufficient GPU memory error",),
+            re.compile(r"Insufficient GPU memory error: The available single GPU memory is (?P<free>[\d.]+) ?MB"),
+            None, "mlc-llm serve engine's memory estimate (mlc-llm#2791)", phase="memory_budget",
+            read=lambda m: {"free_mib": float(m.group("free"))}),
     # -- LM Studio's model-loading guardrails refuse a load from their own estimate (lmstudio-bug-tracker#484, #1038,
     #    #1202, #1562): "Model loading aborted due to insufficient system resources" (2025, from
     #    guardrailHasEnoughResourcesForModelOrThrow), "Model loading was stopped due to insufficient system resources.
@@ -540,6 +563,8 @@ STAGES = (
 ENGINE_WORDS = (("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"), ("TurboMind", "lmdeploy"), ("[TM]", "lmdeploy"),
                 ("mlx_lm", "mlx-lm"), ("mlx-lm", "mlx-lm"), ("mlx_vlm", "mlx-lm"), ("mlx-vlm", "mlx-lm"),
                 ("mlx.core", "mlx-lm"), ("[metal::", "mlx-lm"), ("mlx_engine", "mlx-lm"),
+                # mlx's own Metal error text (mlx/backend/metal: "[METAL] Command buffer execution failed: ...")
+                ("[METAL] Command buffer execution failed", "mlx-lm"),
                 # ggml-cuda's own allocation message ("allocating N MiB on device D: cudaMalloc failed: out of memory")
                 ("cudaMalloc failed: out of memory", "llama.cpp"), ("hipMalloc failed: out of memory", "llama.cpp"),
                 ("llama-server", "llama.cpp"), ("llama-cli", "llama.cpp"), ("ggml_", "llama.cpp"), ("ggml-", "llama.cpp"),
