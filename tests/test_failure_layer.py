@@ -498,3 +498,18 @@ def test_xla_sizes_are_read(line, req, free):
     f = analyze_text(line + "\n")["failure"]
     assert f["requested_mib"] == pytest.approx(req, rel=1e-3)
     assert f["free_mib"] == (pytest.approx(free, rel=1e-3) if free else None)
+
+
+def test_tgi_total_tokens_warmup_lowers_the_total_not_the_prefill():
+    """TGI#710's older warm-up wording: the KV for 16000 total tokens failed with a 2-token prefill."""
+    d = analyze_text('Error: Warmup(Generation("Not enough memory to handle 16000 total tokens with 2 prefill tokens. '
+                     'You need to decrease `--max-batch-total-tokens` or `--max-batch-prefill-tokens`"))\n')
+    assert d["engine"] == "tgi"
+    assert d["suggestions"][0]["change"] == {"--max-batch-total-tokens": 8000}, d["suggestions"]
+
+
+def test_the_static_allocator_names_a_weight_tensor():
+    """ggml_tallocr_alloc naming blk.N...weight (llama.cpp#12197): the weights, not an unplaced failure."""
+    d = analyze_text("ggml_tallocr_alloc: not enough space in the buffer to allocate blk.17.ffn_down.weight (needed "
+                     "27525120, available 27521024)\n")
+    assert d["failure"]["phase"] == "model_weights", d["failure"]

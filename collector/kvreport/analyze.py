@@ -199,6 +199,8 @@ class _Group:
             if e["kind"] == "ggml":
                 if e.get("buffer") == "compute":
                     return "compute_buffer"
+                if e.get("buffer") in ("weights", "kv"):  # the static allocator named the tensor
+                    return "model_weights" if e["buffer"] == "weights" else "kv_cache"
                 if e.get("stage") == "weights":
                     return "model_weights"
                 if e.get("stage") == "context":

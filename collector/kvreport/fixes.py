@@ -1004,9 +1004,19 @@ def _py_fp8(b: _Builder, rank: float) -> None:
 def _py_prefill_batch(b: _Builder, rank: float) -> None:
     s = b.s
     if s.engine == "tgi":
+        total = (s.tgi or {}).get("max_batch_total_tokens")
+        prefill = (s.tgi or {}).get("prefill_tokens")
+        if isinstance(total, int) and isinstance(prefill, int) and prefill < 512 and total > 2 * prefill:
+            # "N total tokens with 2 prefill tokens": the KV for the total is what did not fit, not the prefill
+            new = max(prefill, total // 2)
+            b.add(rank, "reduce-batch", f"Lower --max-batch-total-tokens to {new}", {"--max-batch-total-tokens": new},
+                  f"a KV cache for {_tok(new)} tokens instead of {_tok(total)}",
+                  "TGI's warm-up allocates the KV cache for --max-batch-total-tokens and failed with a tiny prefill: "
+                  "the total, not the prefill batch, is what must shrink.")
+            return
         cur = s.flags.get("max_batch_prefill_tokens")
         if not isinstance(cur, int):
-            cur = (s.tgi or {}).get("prefill_tokens")  # "Not enough memory to handle N prefill tokens"
+            cur = prefill  # "Not enough memory to handle N prefill tokens"
         new = int(cur) // 2 if isinstance(cur, int) and cur > 1 else 4096
         b.add(rank, "reduce-batch", f"Lower --max-batch-prefill-tokens to {new}", {"--max-batch-prefill-tokens": new},
               "a smaller warm-up prefill batch", "TGI warms up with a full prefill batch; it must fit next to the weights.")

@@ -624,10 +624,17 @@ def _f_ggml(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
     f.engine_hints["llama.cpp"] += 1
 
 
+# the static allocator names the tensor it could not place: a weight ("blk.17.ffn_down.weight", "token_embd.weight")
+# or a KV cache tensor ("cache_k_l0", "k_l12", "v_l3")
+_TENSOR_KIND = ((re.compile(r"\.(?:weight|bias)$|^(?:token_embd|output|output_norm)\b"), "weights"),
+                (re.compile(r"^(?:cache_)?[kv](?:_cache)?_l\d+$|^cache_[kv]\b"), "kv"))
+
+
 def _f_not_enough(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
     size = int(m.group("dyn") or m.group("old") or m.group("static"))
-    f.add_event("ggml", lineno, line, device=None, bytes=size, mib=size / MIB, fn="ggml_tallocr",
-                buffer="tensor" if m.group("static") else "compute")
+    name = m.group("name") or ""
+    kind = next((k for rx, k in _TENSOR_KIND if rx.search(name)), "tensor") if m.group("static") else "compute"
+    f.add_event("ggml", lineno, line, device=None, bytes=size, mib=size / MIB, fn="ggml_tallocr", buffer=kind)
     f.engine_hints["llama.cpp"] += 1
 
 

@@ -11,7 +11,9 @@ KEYWORDS = ("text_generation", "Warmup", "max_batch_total_tokens", "max batch to
             "max_total_tokens")
 
 _TOTAL = re.compile(r"Setting max batch total tokens to (\d+)")
-_PREFILL = re.compile(r"Not enough memory to handle (\d+) prefill tokens")
+# TGI's warm-up (flash_causal_lm.py warmup) catching an OOM: "Not enough memory to handle N prefill tokens" (2023+)
+# and the older "Not enough memory to handle T total tokens with N prefill tokens" (TGI#710)
+_PREFILL = re.compile(r"Not enough memory to handle (?:(\d+) total tokens with )?(\d+) prefill tokens")
 
 
 def feed(f: LogFacts, line: str, lineno: int) -> None:
@@ -25,7 +27,9 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         f.engine_hints["tgi"] += 2
     m = _PREFILL.search(line)
     if m:
-        t["prefill_tokens"] = int(m.group(1))
+        t["prefill_tokens"] = int(m.group(2))
+        if m.group(1):
+            t["max_batch_total_tokens"] = int(m.group(1))
         f.engine_hints["tgi"] += 2  # TGI's own warm-up message (flash_causal_lm.py warmup) names the engine
         # the message names no backend or device (TGI runs on CUDA, ROCm, Gaudi, Inferentia...)
         f.add_event("engine", lineno, line, engine="tgi", phase="compute_buffer", backend=None)
