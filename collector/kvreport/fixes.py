@@ -1043,9 +1043,32 @@ def _py_act_batch(b: _Builder, rank: float) -> None:
     new = 2048 if not isinstance(cur, (int, float)) or cur > 2048 else int(cur) // 2
     if new < 256:
         return
-    b.add(rank, "reduce-batch", f"Lower {batch_flag} to {new}", {batch_flag: new}, "a smaller activation peak per step",
+    change = {batch_flag: new, **_v0_chunked(b.s, new)}
+    b.add(rank, "reduce-batch", f"Lower {batch_flag} to {new}", change, "a smaller activation peak per step",
           "Activations grow with the tokens processed in one step; graph capture also reserves memory per batch size "
           "(--enforce-eager / --cuda-graph-max-bs shrink that).")
+
+
+def _v0_chunked(s: Situation, batched: int) -> dict:
+    """vLLM V0 (before 0.8) without chunked prefill refuses --max-num-batched-tokens below max_model_len: the change
+    turns chunked prefill on with it (V1 always chunks; SGLang and others have no such rule)."""
+    if s.engine != "vllm":
+        return {}
+    v = s.vllm or {}
+    cfg = v.get("config") or {}
+    max_len = s.flags.get("max_model_len") or to_int_or_none(cfg.get("max_model_len") or cfg.get("max_seq_len"))
+    ver = re.match(r"(\d+)\.(\d+)", str(v.get("version") or ""))
+    v0 = cfg.get("chunked_prefill_enabled") == "False" or (ver is not None and (int(ver[1]), int(ver[2])) < (0, 8))
+    if not v0 or s.flags.get("enable_chunked_prefill") is True or (isinstance(max_len, int) and batched >= max_len):
+        return {}
+    return {"--enable-chunked-prefill": True}
+
+
+def to_int_or_none(x) -> int | None:
+    try:
+        return int(str(x))
+    except (TypeError, ValueError):
+        return None
 
 
 def _py_workspace(b: _Builder, rank: float) -> None:

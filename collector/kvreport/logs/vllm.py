@@ -41,7 +41,8 @@ _GATE = re.compile(r"Free memory on (?:device\s*)?(\S+)?\s*\(([\d.]+)/([\d.]+) G
 _WEIGHTS = re.compile(r"(?:Model loading|Loading model weights) took ([\d.]+)\s*(GiB|GB)")
 _VERSION = re.compile(r"(?:vLLM API server version|vLLM server version|LLM engine \(v)\s*v?([\d][\w.\-+]*)")
 _AUTOFIT = re.compile(r"Auto-fit max_model_len: reduced from (\d+) to (\d+)")
-_CONFIG = re.compile(r"(max_seq_len|kv_cache_dtype|tensor_parallel_size|gpu_memory_utilization|max_model_len)=([\w.\-]+)")
+_CONFIG = re.compile(r"(max_seq_len|kv_cache_dtype|tensor_parallel_size|gpu_memory_utilization|max_model_len|"
+                     r"chunked_prefill_enabled)=([\w.\-]+)")
 _PROFILE = re.compile(r"total_gpu_memory=([\d.]+)GiB")
 
 
