@@ -513,3 +513,14 @@ def test_the_static_allocator_names_a_weight_tensor():
     d = analyze_text("ggml_tallocr_alloc: not enough space in the buffer to allocate blk.17.ffn_down.weight (needed "
                      "27525120, available 27521024)\n")
     assert d["failure"]["phase"] == "model_weights", d["failure"]
+
+
+def test_vllm_v0_batched_tokens_below_max_len_turns_chunked_prefill_on():
+    """vLLM 0.6 with chunked prefill off refuses --max-num-batched-tokens below max_model_len (vllm#9290 shape)."""
+    log = ("INFO 10-11 12:20:00 llm_engine.py:237] Initializing an LLM engine (v0.6.3.post1) with config: "
+           "model='m', max_seq_len=32768, chunked_prefill_enabled=False, gpu_memory_utilization=0.941\n"
+           "ERROR 10-11 12:27:29 engine.py:157] OutOfMemoryError('CUDA out of memory. Tried to allocate 138.00 MiB. "
+           "GPU 0 has a total capacity of 79.15 GiB of which 2.19 MiB is free.')\n")
+    d = analyze_text(log, "vllm serve m --max-model-len 32768")
+    batch = next(s for s in d["suggestions"] if s["id"] == "reduce-batch")
+    assert batch["change"] == {"--max-num-batched-tokens": 2048, "--enable-chunked-prefill": True}, batch
