@@ -175,6 +175,22 @@ EXAMPLES = [
                                     "error: The available single GPU memory is 19314.976 MB, which is less than the "
                                     "sum of model weight size (51.083 MB) and temporary buffer size (106.819 MB).",
      None, "memory_budget"),  # mlc-llm#2791
+    # second format hunt (sources named)
+    ("trtllm-kv-pool-too-small", "[TensorRT-LLM][ERROR] Assertion failed: maxTokensInPagedKvCache (128) must be large "
+                                 "enough to process at least 1 sequence to completion (i.e. must be larger than "
+                                 "beam_width (1) * tokensPerBlock (64) * maxBlocksPerSeq (16))", None,
+     "kv_capacity"),  # cortex.cpp#981
+    ("vllm-memory-profiling", "AssertionError: Error in memory profiling. Initial free memory 8.46 GiB, current free "
+                              "memory 12.98 GiB.", None, "memory_budget"),  # ms-swift#3241
+    ("jetson-nvmap", "NvMapMemAllocInternalTagged: 1075072515 error 12", "cuda", "unknown"),  # llama.cpp#23732
+    ("windows-commit-limit", "OSError: The paging file is too small for this operation to complete. (os error 1455)",
+     "cpu", "unknown"),  # ComfyUI#8065
+    ("ray-memory-monitor", "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
+     "cpu", "unknown"),  # vllm#15102
+    ("enomem", "ape error: ./phi-2.Q3_K_L.llamafile: prog mmap failed w/ errno 12", "cpu", "unknown"),  # llamafile#152
+    ("ollama-errnomem", "panic: insufficient memory - required allocations: {InputWeights:550502400A CPU:{Name:CPU ID: "
+                        "Weights:[60561408A] Cache:[0A] Graph:0A} GPUs:[{Name:SYCL0 ID: Weights:[60561408A 1390948480A] "
+                        "Cache:[0A] Graph:1212612608F}]}", "sycl", "compute_buffer"),  # ipex-llm's Ollama
     ("exllamav3-pages", "Job requires 485 pages (only 460 available) and cannot be enqueued. Total cache allocated is "
                         "460 * 256 = 117760 tokens", None, "kv_capacity"),
     ("ios-jetsam", "The app \u201cMLCChat\u201d has been killed by the operating system because it is using too much "
@@ -524,3 +540,29 @@ def test_vllm_v0_batched_tokens_below_max_len_turns_chunked_prefill_on():
     d = analyze_text(log, "vllm serve m --max-model-len 32768")
     batch = next(s for s in d["suggestions"] if s["id"] == "reduce-batch")
     assert batch["change"] == {"--max-num-batched-tokens": 2048, "--enable-chunked-prefill": True}, batch
+
+
+def test_ollama_errnomem_names_the_failed_buffer_and_device():
+    """ollama#11790: the F entry is the CPU block's 98 GiB graph."""
+    f = analyze_text("panic: insufficient memory - required allocations: {InputWeights:1158266880A CPU:{Name:CPU ID: "
+                     "Weights:[477075584A 1158278400A] Cache:[26214400A 805306368A 0U] Graph:103110017024F} GPUs:[]}\n"
+                     )["failure"]
+    assert (f["phase"], f["backend"], f["failing_device"]) == ("compute_buffer", "cpu", "CPU")
+    assert f["requested_mib"] == pytest.approx(103110017024 / 1048576, rel=1e-4)
+
+
+def test_an_mlock_warning_is_no_failure():
+    """llama-mmap.cpp warns and goes on when mlock cannot pin a buffer (llama.cpp#6261)."""
+    d = analyze_text("llm_load_tensors:        CPU buffer size =  4165.37 MiB\nwarning: failed to mlock 74465280-byte "
+                     "buffer (after previously locking 0 bytes): Cannot allocate memory\nTry increasing RLIMIT_MEMLOCK "
+                     "('ulimit -l' as root).\n")
+    assert d["failure"]["phase"] == "none", d["failure"]
+
+
+def test_ollamas_too_large_warning_alone_is_its_memory_check():
+    d = analyze_text('time=2026-03-21T23:22:17.156-05:00 level=WARN source=server.go:1044 msg="model request too large '
+                     'for system" requested="615.4 MiB" available="415.9 MiB" total="916.8 MiB" free="415.9 MiB" '
+                     'swap="0 B"\n')
+    f = d["failure"]
+    assert (d["engine"], f["phase"], f["requested_mib"], f["free_mib"], f["verdict"]) == (
+        "ollama", "memory_budget", 615.4, 415.9, "exceeds_free")

@@ -561,6 +561,8 @@ class _Diagnosis:
         return backend
 
     def _oom_device(self, ev: dict) -> str | None:
+        if ev.get("device_name"):
+            return ev["device_name"]  # the line names the device in ggml's words (Ollama's ErrNoMem blocks)
         idx = ev.get("device_index")
         backend = self._oom_backend(ev)
         if idx is None:

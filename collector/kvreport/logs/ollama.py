@@ -103,6 +103,14 @@ def _msg_record(f: LogFacts, line: str, lineno: int) -> bool:
         f.note_line("device:" + str(name), lineno, line)
         f.set_device(name, "ollama", description=a.get("description"), total_mib=_mib(a.get("total")),
                      free_mib=_mib(a.get("available")))
+    elif msg == "model request too large for system":
+        # llm/server.go's WARN before its "model requires more system memory" error (a journal filtered to WARN
+        # keeps only this): the same refusal, with requested / available; the error line, when the log has it too
+        # (before it, as a client relays it), is the one read
+        if any(e["kind"] == "engine" and e.get("phase") == "memory_budget" for e in f.events):
+            return False
+        return _fail(f, line, lineno, "memory_budget", 3, backend="cpu", device="CPU",
+                     requested_mib=_mib(a.get("requested")), free_mib=_mib(a.get("available")))
     elif "vram-based default context" in msg:
         o["default_num_ctx"] = to_int(a.get("default_num_ctx"))
     elif "requested context size too large" in msg:

@@ -174,6 +174,29 @@ def _xla(text: str) -> dict:
     return {}
 
 
+_NOMEM_TOKEN = re.compile(r"Name:(?P<name>[^\s}]*)|(?P<kind>InputWeights|Weights|Cache|Graph):|(?P<size>\d+)(?P<st>[AFU])\b")
+_NOMEM_KIND = {"InputWeights": "model_weights", "Weights": "model_weights", "Cache": "kv_cache", "Graph": "compute_buffer"}
+
+
+def _ollama_nomem(text: str) -> dict:
+    """The failed (``F``) entry of Ollama's ErrNoMem: its size (bytes -> MiB), the phase of its kind and the device
+    (ggml's name, "CPU" for the host block); {} when no entry failed."""
+    name = kind = None
+    for t in _NOMEM_TOKEN.finditer(text):
+        if t.group("name") is not None:
+            name = t.group("name") or None
+        elif t.group("kind"):
+            kind = t.group("kind")
+        elif t.group("st") == "F":
+            out = {"mib": int(t.group("size")) / 1048576.0}
+            if kind in _NOMEM_KIND:
+                out["phase_hint"] = _NOMEM_KIND[kind]
+            if name and kind != "InputWeights":
+                out["device_name"] = name
+            return out
+    return {}
+
+
 def _pool(m: re.Match) -> dict:
     return {"mib": _mib(m.group("need"), None), "limit_mib": _mib(m.group("avail"), None)}  # None when not printed
 
@@ -334,8 +357,19 @@ RULES: tuple[OomRule, ...] = (
     # -- host memory: C++ std::bad_alloc, errno ENOMEM, Python MemoryError, the kernel's OOM killer
     OomRule("bad-alloc", ("bad_alloc",), re.compile(r"std::bad_alloc|\bbad_alloc\b"), "cpu",
             "libstdc++ 'terminate called after throwing an instance of std::bad_alloc'"),
-    OomRule("enomem", ("Cannot allocate memory", "cannot allocate memory", "ENOMEM"),
-            re.compile(r"[Cc]annot allocate memory|\bENOMEM\b"), "cpu", "strerror(ENOMEM) (mmap, fork, malloc wrappers)"),
+    OomRule("enomem", ("Cannot allocate memory", "cannot allocate memory", "ENOMEM", "errno 12"),
+            re.compile(r"[Cc]annot allocate memory|\bENOMEM\b|mmap failed w/ errno 12\b"), "cpu",
+            "strerror(ENOMEM) (mmap, fork, malloc wrappers); llamafile's APE loader 'prog mmap failed w/ errno 12' "
+            "(llamafile#152)"),
+    # -- Windows' commit limit (ERROR_COMMITMENT_LIMIT, 1455) as Rust's std::io::Error prints it (safetensors loading
+    #    weights: ComfyUI#8065, krita-ai-diffusion#1898): the host's RAM plus page file is spent
+    OomRule("windows-commit-limit", ("paging file is too small", "os error 1455"),
+            re.compile(r"paging file is too small|\(os error 1455\)"), "cpu", "Windows ERROR_COMMITMENT_LIMIT (1455)"),
+    # -- Ray's memory monitor kills a worker when the node's RAM passes its threshold (vllm#15102, #2669): "Task was
+    #    killed due to the node running low on memory", the raylet's "killed due to memory pressure (OOM)"
+    OomRule("ray-memory-monitor", ("running low on memory", "killed due to memory pressure"),
+            re.compile(r"killed due to the node running low on memory|killed due to memory pressure \(OOM\)"), "cpu",
+            "Ray memory monitor (ray.exceptions.OutOfMemoryError; raylet node_manager)"),
     OomRule("oom-killer", ("Out of memory: Kill", "oom-kill", "oom_kill", "OOMKilled", "signal: killed", "OOM killer",
                            "exit status 137", "Killed"),
             re.compile(r"Out of memory: Kill(?:ed)? process|oom[-_]kill|OOMKilled|killed by the OOM killer|signal: killed|"
@@ -443,6 +477,29 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"(?i:kv cache exhausted)|No space left for only one request"), None,
             "engines' KV block pools out of blocks: SGLang schedule_batch.py retract_decode 'No space left for only one "
             "request' (sglang#14948), 'KV cache exhausted: no free blocks'", phase="kv_capacity"),
+    # -- TensorRT-LLM's KV cache manager: the pool cannot hold one sequence of the maximum length (kvCacheManager.cpp
+    #    KVCacheManager: "maxTokensInPagedKvCache (128) must be large enough to process at least 1 sequence to
+    #    completion"; TensorRT-LLM#494, tensorrtllm_backend#168)
+    OomRule("trtllm-kv-pool-too-small", ("maxTokensInPagedKvCache",),
+            re.compile(r"maxTokensInPagedKvCache(?: \((?P<n>\d+)\))? must be large enough to process at least 1 "
+                       r"sequence"), None, "TensorRT-LLM kvCacheManager.cpp", phase="kv_capacity"),
+    # -- vLLM's start-up profiling saw free memory change under it (another process allocated or released memory):
+    #    "Error in memory profiling. Initial free memory X GiB, current free memory Y GiB" (gpu_worker.py
+    #    determine_available_memory; vllm#55169): its budget could not be measured, it refused to start
+    OomRule("vllm-memory-profiling", ("Error in memory profiling",),
+            re.compile(r"Error in memory profiling\. Initial free memory ([\d.]+) ?GiB, current free memory ([\d.]+) ?GiB"),
+            None, "vllm v1/worker/gpu_worker.py determine_available_memory (vllm#55169)", phase="memory_budget",
+            engine="vllm"),
+    # -- Jetson (Tegra unified memory): the NvMap allocator's "NvMapMemAllocInternalTagged: <flags> error 12" (ENOMEM)
+    #    before CUDA's own out-of-memory (llama.cpp#23732)
+    OomRule("jetson-nvmap", ("NvMapMemAlloc",), re.compile(r"NvMapMemAlloc\w*: \d+ error 12\b"), "cuda",
+            "Tegra NvMap allocator (L4T), quoted in llama.cpp#23732"),
+    # -- Ollama's new engine (2025+): ml/backend.go ErrNoMem "insufficient memory - required allocations: {...}", every
+    #    size with its status letter (A allocated, F failed, U unallocated; Memory.String()): the F entry is the buffer
+    #    that failed, its kind (Weights, Cache, Graph) and its device (the Name: of its block) say where (ollama#11790)
+    OomRule("ollama-errnomem", ("insufficient memory - required allocations",),
+            re.compile(r"insufficient memory - required allocations: \{"), None, "ollama ml/backend.go ErrNoMem",
+            engine="ollama", read=lambda m: _ollama_nomem(m.string)),
     # -- llama.rn (React Native binding of llama.cpp; PocketPal and other phone apps): RNLlama's completion throws
     #    "Context is full" when the context filled up
     OomRule("llama-rn-context-full", ("Context is full",), re.compile(r"\bContext is full\b"), None,
@@ -608,7 +665,8 @@ REQUEST_RULES = ("vllm-prompt-too-long", "openai-max-context", "sglang-input-too
                  "llama-server-exceed-context", "exllama-seq-exceeds-cache", "llama-rn-context-full")
 """The rules whose line says a request did not fit the context (refused, or the context filled up): the context is
 too small for the request, not the memory for the context."""
-HOST_RULES = ("oom-killer", "enomem", "bad-alloc", "python-memoryerror", "ios-jetsam")
+HOST_RULES = ("oom-killer", "enomem", "bad-alloc", "python-memoryerror", "ios-jetsam", "windows-commit-limit",
+              "ray-memory-monitor")
 """The rules whose line says the host itself ran out (the OOM killer, ENOMEM, std::bad_alloc, MemoryError)."""
 
 _BACKEND_WORDS = (("hip", "rocm"), ("rocm", "rocm"), ("rocblas", "rocm"), ("cuda", "cuda"), ("cublas", "cuda"),
@@ -656,8 +714,16 @@ def stage_of(line: str, present: frozenset[str] | None = None) -> str | None:
     return None
 
 
+_NOT_A_FAILURE = re.compile(r"warning: failed to mlock \d+-byte buffer")
+"""Lines in memory words that are warnings the engine carries on after: llama-mmap.cpp llama_mlock::raw_lock
+("warning: failed to mlock N-byte buffer ...: Cannot allocate memory", llama.cpp#6261: the pages are just not pinned)."""
+
+
 def feed(f: LogFacts, line: str, lineno: int) -> None:
     """Read one cleaned line: an ``oom`` event for the first rule that matches (at most one per line)."""
+    if "failed to mlock" in line and _NOT_A_FAILURE.search(line):
+        f.warnings.append(line[:500])
+        return
     if "current device:" in line:
         _attach_device(f, line, lineno)
         return
@@ -701,6 +767,10 @@ def _rule_backend(rule: OomRule, m: re.Match, data: dict, line: str) -> str | No
         return {"ROCm": "rocm", "MUSA": "musa"}.get(data.get("cuda_name", "CUDA"), "cuda")
     if rule.id == "torch-oom":
         return {"CUDA": "cuda", "HIP": "rocm", "XPU": "sycl", "MPS": "metal", "NPU": "cann"}.get(m.group("be") or "CUDA")
+    if data.get("device_name"):
+        from kvreport.vocab import backend_of_device
+
+        return backend_of_device(data["device_name"]) or rule.backend
     return rule.backend or backend_of_words(line.lower())
 
 
