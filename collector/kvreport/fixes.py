@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvreport import strict
+from kvreport.logs.common import to_int
 from kvreport.units import MIB
 
 SUGGESTION_IDS = (
@@ -744,7 +745,7 @@ def _slots_for_full_kv(b: _Builder, rank: float) -> None:
 def _raise_ctx(b: _Builder, rank: float) -> None:
     """raise-ctx: the context grows to hold the request (its tokens rounded up to a multiple of 256; llama-server
     splits -c between its --parallel slots, so times the slots), in the engine's own setting; not when kvreport's
-    own fit says that context's KV does not fit (then the request must be shorter, and the text says so)."""
+    own fit says that context's KV does not fit (then only a shorter request helps: no raise-ctx is given)."""
     s = b.s
     from kvreport.engines import BY_NAME
 
@@ -1056,19 +1057,12 @@ def _v0_chunked(s: Situation, batched: int) -> dict:
         return {}
     v = s.vllm or {}
     cfg = v.get("config") or {}
-    max_len = s.flags.get("max_model_len") or to_int_or_none(cfg.get("max_model_len") or cfg.get("max_seq_len"))
+    max_len = s.flags.get("max_model_len") or to_int(cfg.get("max_model_len") or cfg.get("max_seq_len"))
     ver = re.match(r"(\d+)\.(\d+)", str(v.get("version") or ""))
     v0 = cfg.get("chunked_prefill_enabled") == "False" or (ver is not None and (int(ver[1]), int(ver[2])) < (0, 8))
     if not v0 or s.flags.get("enable_chunked_prefill") is True or (isinstance(max_len, int) and batched >= max_len):
         return {}
     return {"--enable-chunked-prefill": True}
-
-
-def to_int_or_none(x) -> int | None:
-    try:
-        return int(str(x))
-    except (TypeError, ValueError):
-        return None
 
 
 def _py_workspace(b: _Builder, rank: float) -> None:
