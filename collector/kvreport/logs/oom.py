@@ -703,6 +703,13 @@ _WORDS = KeywordSet([*(k for r in (*RULES, FATAL) for k in r.keywords), *(w for 
 """Every keyword of this layer's tables, found in one pass per line (:class:`kvreport.logs.common.KeywordSet`)."""
 
 
+_RULES_OF: dict[str, tuple[int, ...]] = {}
+for _i, _rule in enumerate(RULES):
+    for _k in _rule.keywords:
+        _RULES_OF[_k] = (*_RULES_OF.get(_k, ()), _i)
+"""keyword -> the indexes of the :data:`RULES` rows it selects."""
+
+
 def stage_of(line: str, present: frozenset[str] | None = None) -> str | None:
     """The phase of the start-up or serving step a line names (:data:`STAGES`), or None. ``present``: the line's
     keywords when the caller has them (:data:`_WORDS`)."""
@@ -740,9 +747,8 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
             f.engine_hints[engine] += 2 if engine != "llama.cpp" else 1
             break
     f.py_stage = stage_of(line, present) or f.py_stage
-    for rule in RULES:
-        if present.isdisjoint(rule.keywords):
-            continue
+    for i in sorted({i for k in present for i in _RULES_OF.get(k, ())}):  # table order, only rows whose words occur
+        rule = RULES[i]
         m = rule.pattern.search(line)
         if m is None:
             continue
