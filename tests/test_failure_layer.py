@@ -566,3 +566,12 @@ def test_ollamas_too_large_warning_alone_is_its_memory_check():
     f = d["failure"]
     assert (d["engine"], f["phase"], f["requested_mib"], f["free_mib"], f["verdict"]) == (
         "ollama", "memory_budget", 615.4, 415.9, "exceeds_free")
+
+
+def test_ollama_truncating_a_prompt_is_a_finding_not_a_failure():
+    """runner.go's "truncating input prompt" (ollama#8099): nothing failed, but the prompt was cut to num_ctx."""
+    d = analyze_text('time=2025-01-05T17:16:18.172-08:00 level=WARN source=runner.go:129 msg="truncating input '
+                     'prompt" limit=2048 prompt=3940 keep=5 new=2048\n')
+    assert d["failure"]["phase"] == "none"
+    f = next(x for x in d["findings"] if x["kind"] == "prompt_truncated")
+    assert "3,940" in f["text"] and "num_ctx" in f["text"]

@@ -400,8 +400,18 @@ class _Diagnosis:
         if out["phase"] == "none":
             out["backend"] = "unknown"
         self._recovered_events(real)
+        self._truncated_prompt()
         self._free_and_verdict(out)
         return out
+
+    def _truncated_prompt(self) -> None:
+        """Ollama cut a prompt to its context (runner.go "truncating input prompt"): the answer was made from part
+        of the input; the context setting that keeps it whole is the remedy."""
+        t = self.f.ollama.get("truncated")
+        if t and t.get("prompt") and t.get("limit"):
+            self.finding("prompt_truncated", f"Ollama cut a {t['prompt']:,}-token prompt to its {t['limit']:,}-token "
+                         f"context: the model saw only part of it; num_ctx (or OLLAMA_CONTEXT_LENGTH) of at least "
+                         f"{t['prompt']:,} keeps it whole, at the KV cost of that context", t["line"])
 
     def _unplaced_end(self, out: dict, engine_events: list[dict], configs: list[dict], finals: list[dict]) -> None:
         """A run that ended on a refusal or an end line, with no allocation failure placed: phase unknown, or

@@ -111,6 +111,10 @@ def _msg_record(f: LogFacts, line: str, lineno: int) -> bool:
             return False
         return _fail(f, line, lineno, "memory_budget", 3, backend="cpu", device="CPU",
                      requested_mib=_mib(a.get("requested")), free_mib=_mib(a.get("available")))
+    elif msg == "truncating input prompt":
+        # runner.go: a prompt longer than the context is cut to it (limit=2048 prompt=3940), silently for the client:
+        # not a failure, a finding (ollama#8099)
+        o["truncated"] = {"prompt": to_int(a.get("prompt")), "limit": to_int(a.get("limit")), "line": line[:300]}
     elif "vram-based default context" in msg:
         o["default_num_ctx"] = to_int(a.get("default_num_ctx"))
     elif "requested context size too large" in msg:
