@@ -146,7 +146,8 @@ def wrap_join(prev: str, line: str, adjacent: bool = True) -> str | None:
 
 def _feed_one(f: LogFacts, raw, lineno: int) -> None:
     line = clean_line(raw)
-    if not line or not _ALL.present(line):
+    present = _ALL.present(line) if line else None
+    if not present:
         return
     f.key_line_count += 1
     if is_run_start(line) and f.run_failed():
@@ -158,17 +159,20 @@ def _feed_one(f: LogFacts, raw, lineno: int) -> None:
         if joined is not None:
             _feed_parts(f, joined, lineno)
             return
-    _feed_parts(f, line, lineno)
+    _feed_parts(f, line, lineno, present)
 
 
-def _feed_parts(f: LogFacts, line: str, lineno: int) -> None:
+def _feed_parts(f: LogFacts, line: str, lineno: int, present: frozenset[str] | None = None) -> None:
+    """Hand ``line`` (or each message glued into it) to the parsers whose keywords it holds; ``present``: the
+    keywords of ``line`` when the caller found them already."""
     parts = _JOINED.split(line) if "  " in line and len(line) > 40 else [line]
     if "alloc" in line:
         parts = [q for part in parts for q in _GLUED.split(part)]
     for part in parts:
         before = f.n_events
         hints = sum(f.engine_hints.values())
-        present = _ALL.present(part)
+        if present is None or part is not line:
+            present = _ALL.present(part)
         for parser, own in _OWN:
             if present.isdisjoint(own):
                 continue

@@ -83,7 +83,7 @@ def _msg_record(f: LogFacts, line: str, lineno: int) -> bool:
         # its scheduler's view of each GPU's free memory ("[15.4 GiB]", one entry a GPU, before anything is loaded)
         # and the layers it planned on the GPU ("layers.offload=32 layers.model=33", the -ngl of the run that
         # follows when no "offloaded N/M layers" line gives it)
-        avail = [_mib(v + " " + u) for v, u in re.findall(r"([\d.]+)\s*([KMGT]i?B)", a.get("memory.available", ""))]
+        avail = [size_to_mib(float(v), u) for v, u in _SIZE.findall(a.get("memory.available", ""))]
         if avail:
             o["offload_available_mib"] = avail  # before the weights were loaded: an upper bound on free at failure
             f.note_line("free:ollama_offload", lineno, line)

@@ -698,8 +698,7 @@ def _net_data(line: str) -> dict | None:
     return {"mib": _mib(size.group(1), size.group(2))} if size else {}
 
 
-_WORDS = KeywordSet([*(k for r in (*RULES, FATAL) for k in r.keywords), *(w for w, _ in ENGINE_WORDS),
-                     *(w for ws, _ in STAGES for w in ws)])
+_WORDS = KeywordSet(KEYWORDS)
 """Every keyword of this layer's tables, found in one pass per line (:class:`kvreport.logs.common.KeywordSet`)."""
 
 
