@@ -202,6 +202,52 @@ EXAMPLES = [
     ("torch-oom", "RuntimeError: NPU out of memory. Tried to allocate 3.47 GiB (NPU 0; 60.97 GiB total capacity; 58.92 "
                   "GiB already allocated; 58.92 GiB current active; 1.66 GiB free; 58.95 GiB reserved in total by "
                   "PyTorch)", "cann", "unknown"),
+    # round-9 format hunt (each read in the engine's source named in its rule; the hunt's realistic values)
+    ("openai-max-context", "vllm.exceptions.VLLMValidationError: This model's maximum context length is 32768 tokens. "
+                           "However, your request has 40211 input tokens. Please reduce the length of the input "
+                           "messages.", None, "kv_capacity"),
+    ("openai-max-context", "'max_tokens' or 'max_completion_tokens' is too large: 8192. This model's maximum context "
+                           "length is 16384 tokens and your request has 9000 input tokens (8192 > 16384 - 9000).",
+     None, "kv_capacity"),
+    ("sglang-input-too-long", "Requested token count exceeds the model's maximum context length of 64000 tokens. You "
+                              "requested a total of 71897 tokens: 7897 tokens from the input messages and 64000 tokens "
+                              "for the completion.", None, "kv_capacity"),
+    ("tgi-input-validation", "ERROR chat_completions: text_generation_router::infer: router/src/infer/mod.rs:126: "
+                             "`inputs` tokens + `max_new_tokens` must be <= 8192. Given: 8000 `inputs` tokens and 512 "
+                             "`max_new_tokens`", None, "kv_capacity"),
+    ("llama-server-exceed-context", "E srv    send_error: task id = 5977, input (526 tokens) is larger than the max "
+                                    "context size (512). skipping", None, "kv_capacity"),
+    ("ollama-prompt-too-long", '{"error":"the prompt is longer than the context length currently available to the '
+                               'model; shorten the prompt, adjust the context length in settings, or use a model with '
+                               'a longer context length"}', None, "kv_capacity"),
+    ("input-length-context", '{"error":"The request exceeds the model context length.","message":"Input length (40000) '
+                             'must be smaller than the model context length (32768)."}', None, "kv_capacity"),
+    ("lmdeploy-no-enough", "2026-08-21 15:40:12,406 - lmdeploy - ERROR - engine.py:231 - RuntimeError: No enough gpu "
+                           "memory for kv cache.", None, "kv_capacity"),
+    ("lmdeploy-no-enough", "2026-08-22 08:15:40,006 - lmdeploy - ERROR - engine.py:231 - RuntimeError: No enough gpu "
+                           "memory for runtime.", None, "memory_budget"),
+    ("lmdeploy-no-enough", "2026-08-22 09:01:33,550 - lmdeploy - ERROR - engine_loop.py:412 - MemoryError: No enough "
+                           "free memory blocks.", None, "kv_capacity"),
+    ("turbomind-admission", "[TM][WARN][0821.15:31:54.123456][engine.cc:605] dp0 ID 17: cache out of memory, no request "
+                            "can be admitted; failing head-of-line request", None, "kv_capacity"),
+    ("macos-low-swap", "2026-07-12 23:10:44.118201+0200 0x1b2     Default     0x0                  0      0    kernel: "
+                       "low swap: killing largest compressed process with pid 812 (ollama) and size 39874 MB", "cpu",
+     "unknown"),
+    ("torch-cpu-alloc", "RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough "
+                        "memory: you tried to allocate 28991029248 bytes.", "cpu", "unknown"),
+    ("mlx-max-buffer", "RuntimeError: [conv] A single unfolding row needs 4294967296 bytes, which exceeds the maximum "
+                       "Metal buffer size of 3758096384 bytes.", "metal", "compute_buffer"),
+    ("webgpu-buffer-limit", "/llama.cpp/ggml/src/ggml-webgpu/ggml-webgpu.cpp:4098: ggml_webgpu: Device error! Reason: "
+                            "2, Message: Buffer size (3221225472) exceeds the max buffer size limit (2147483648).",
+     None, "unknown"),
+    ("rpc-server-crashed", "/src/llama.cpp/ggml/src/ggml-rpc/ggml-rpc.cpp:576: Remote RPC server crashed or returned "
+                           "malformed response", None, "unknown"),
+    ("llama-server-ubatch", "srv    send_error: task id = 22, error: input (1024 tokens) is too large to process. "
+                            "increase the physical batch size (current batch size: 512)", None, "unknown"),
+    ("exllama-split-space", "AssertionError: Insufficient space in device allocation", None, "memory_budget"),
+    ("requires-but-only", 'time=2026-06-30T15:20:44.102+09:00 level=INFO source=sched.go:598 msg="failed to create '
+                          'server" model=gpt-oss-mlx:120b error="model requires 71.4 GiB but only 58.1 GiB are '
+                          'available (after 512.0 MiB overhead)"', None, "memory_budget"),
 ]
 
 
@@ -575,3 +621,50 @@ def test_ollama_truncating_a_prompt_is_a_finding_not_a_failure():
     assert d["failure"]["phase"] == "none"
     f = next(x for x in d["findings"] if x["kind"] == "prompt_truncated")
     assert "3,940" in f["text"] and "num_ctx" in f["text"]
+
+
+# round-9 format hunt: whole excerpts whose facts depend on more than one line (source of each format named)
+HUNT9 = [
+    # llama-context.cpp output_reserve: "%.2f MiB" (not bytes)
+    ("output_reserve: failed to allocate output buffer of size 1188.00 MiB\n"
+     "decode: could not reserve space for batch with 2048 outputs\nllama_decode: failed to decode, ret = -2",
+     {"phase": "compute_buffer", "requested_mib": 1188.0}),
+    # ggml-metal.m (2023) printed the size with %8.2f: "size =  6400.00 MB"
+    ("ggml_metal_add_buffer: allocated 'data            ' buffer, size = 17592.34 MB, (17592.84 / 21845.34)\n"
+     "ggml_metal_add_buffer: error: failed to allocate 'kv              ' buffer, size =  6400.00 MB\n"
+     "llama_new_context_with_model: ggml_metal_add_buffer failed",
+     {"phase": "kv_cache", "backend": "metal", "requested_mib": 6400.0}),
+    # ggml-cuda.cu: the CUDA graph's instantiate runs out (ggml_cuda_graph_evaluate_and_capture)
+    ("CUDA error: out of memory\n  current device: 0, in function ggml_cuda_graph_evaluate_and_capture at "
+     "ggml/src/ggml-cuda/ggml-cuda.cu:4212\n  cudaGraphInstantiate(&graph->instance, graph->graph, NULL, NULL, 0)",
+     {"phase": "compute_buffer", "failing_device": "CUDA0"}),
+    # Ollama llm/server.go INFO: the check only evicts another model, the load then succeeds
+    ('time=2025-12-09T11:27:40.004+01:00 level=INFO source=server.go:1069 msg="model requires more system memory than '
+     'is currently available, evicting a model to make space" required=40265318400 free=12884901888\n'
+     'time=2025-12-09T11:27:43.918+01:00 level=INFO source=server.go:1310 msg="llama runner started in 3.91 seconds"',
+     {"phase": "none"}),
+    # TurboMind's scheduler INFO (scheduler.cc): admission stopped for this pass, nothing failed
+    ("[TM][INFO][0821.15:31:53.998102][scheduler.cc:1186] out of memory at 3/8", {"phase": "none"}),
+    # SGLang (2026) says its capture failure is not an OOM: a failure, not a memory one
+    ("[2026-08-12 09:40:31 TP3] Scheduler hit an exception: Traceback (most recent call last):\n"
+     "Exception: Capture cuda graph failed: CUDA error: an illegal memory access was encountered\n\n"
+     "This is not an out-of-memory error, so lowering --mem-fraction-static or --cuda-graph-max-bs-decode will not "
+     "help.", {"phase": "unknown"}),
+    # vLLM on ROCm: torch says cuda:0, the platform line says ROCm
+    ("INFO 08-11 03:12:54 [__init__.py:241] Automatically detected platform rocm.\n"
+     "(EngineCore_DP0 pid=1902) ValueError: Free memory on device cuda:0 (58.33/63.98 GiB) on startup is less than "
+     "desired GPU memory utilization (0.92, 58.87 GiB). Decrease GPU memory utilization or reduce GPU memory used by "
+     "other processes.", {"phase": "memory_budget", "backend": "rocm", "failing_device": "ROCm0"}),
+    # TGI flash_causal_lm.py warmup: "Not enough memory to handle N prefill tokens" raised from the torch OOM above it
+    ("2025-11-19T08:31:02.114523Z ERROR text_generation_launcher: Method Warmup encountered an error.\n"
+     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.95 GiB. GPU 0 has a total capacity of 23.68 GiB "
+     "of which 1.12 GiB is free. Process 41822 has 22.55 GiB memory in use.\n"
+     "RuntimeError: Not enough memory to handle 16384 prefill tokens. You need to decrease `--max-batch-prefill-tokens`",
+     {"phase": "compute_buffer", "requested_mib": 1996.8, "free_mib": 1146.88, "verdict": "exceeds_free"}),
+]
+
+
+@pytest.mark.parametrize("log,want", HUNT9)
+def test_hunt9_excerpts(log, want):
+    f = analyze_text(log)["failure"]
+    assert {k: f[k] for k in want} == want

@@ -376,19 +376,7 @@ class _Diagnosis:
             self.has_memory_event = True
             out["final_error"] = f.final_error
         elif strong_engine:
-            ev = strong_engine[-1]
-            self.trail = {"rule": f"logs.{ev.get('engine') or self.f.engine or 'engine'} parser "
-                                  f"({ev.get('phase') or 'unknown'})", "events": [ev]}
-            out["phase"] = ev.get("phase") or "unknown"
-            out["backend"] = ev.get("backend") or "unknown"
-            out["failing_device"] = ev.get("device")
-            out["requested_mib"] = _r2(ev.get("requested_mib"))
-            out["free_mib"] = _r2(ev.get("free_mib"))
-            out["allocator_error"] = ev["line"] if ev.get("torch_oom") else None
-            out["final_error"] = f.final_error or ev["line"]
-            self.has_memory_event = True
-            self.others_mib = ev.get("others_mib")
-            self.torch_oom = bool(ev.get("torch_oom"))
+            self._engine_failure(out, strong_engine[-1], real)
         elif self._oom_failure(out, real) or self._fit_failure(out, real):
             pass
         elif engine_events or configs or finals:
@@ -399,6 +387,8 @@ class _Diagnosis:
             out["backend"] = self._backend_guess()
         if out["phase"] == "none":
             out["backend"] = "unknown"
+        elif out["backend"] == "cuda" and self.f.vllm.get("platform") == "rocm":
+            self._rocm_platform(out)
         self._recovered_events(real)
         self._truncated_prompt()
         self._free_and_verdict(out)
@@ -523,6 +513,48 @@ class _Diagnosis:
         self.has_memory_event = True
         return True
 
+    def _engine_failure(self, out: dict, ev: dict, real: list[dict]) -> None:
+        """The failure an engine's own parser placed (its last strong event)."""
+        self.trail = {"rule": f"logs.{ev.get('engine') or self.f.engine or 'engine'} parser "
+                              f"({ev.get('phase') or 'unknown'})", "events": [ev]}
+        out["phase"] = ev.get("phase") or "unknown"
+        out["backend"] = ev.get("backend") or "unknown"
+        out["failing_device"] = ev.get("device")
+        out["requested_mib"] = _r2(ev.get("requested_mib"))
+        out["free_mib"] = _r2(ev.get("free_mib"))
+        out["allocator_error"] = ev["line"] if ev.get("torch_oom") else None
+        if out["requested_mib"] is None and ev.get("phase") in ("compute_buffer", "model_weights", "kv_cache"):
+            self._sizes_from_torch(out, ev, real)
+        out["final_error"] = self.f.final_error or ev["line"]
+        self.has_memory_event = True
+        self.others_mib = ev.get("others_mib")
+        self.torch_oom = bool(ev.get("torch_oom"))
+
+    @staticmethod
+    def _rocm_platform(out: dict) -> None:
+        """vLLM on ROCm names its devices "cuda:N" (torch's HIP build); its platform line ("Automatically detected
+        platform rocm.") says the backend is ROCm."""
+        out["backend"] = "rocm"
+        if (out["failing_device"] or "").startswith("CUDA"):
+            out["failing_device"] = "ROCm" + out["failing_device"][4:]
+
+    def _sizes_from_torch(self, out: dict, ev: dict, real: list[dict]) -> None:
+        """An engine's own OOM line without sizes (TGI's "Not enough memory to handle N prefill tokens", raised from
+        the torch OutOfMemoryError just above it) takes the request, the free memory and the device from that torch
+        line when it is within the few lines before."""
+        torch = [e for e in real if 0 < ev["lineno"] - e["lineno"] <= 5 and (
+            (e["kind"] == "oom" and e.get("rule") == "torch-oom" and e.get("mib"))
+            or (e["kind"] == "engine" and e.get("torch_oom") and e.get("requested_mib")))]
+        if not torch:
+            return
+        t = torch[-1]
+        t = {**t, "mib": t.get("mib") or t.get("requested_mib")}
+        out["requested_mib"] = _r2(t["mib"])
+        out["free_mib"] = out["free_mib"] if out["free_mib"] is not None else _r2(t.get("free_mib"))
+        out["allocator_error"] = t["line"]
+        if not out["failing_device"] and t.get("device_index") is not None and out["backend"] in ("cuda", "rocm"):
+            out["failing_device"] = f"{'ROCm' if out['backend'] == 'rocm' else 'CUDA'}{t['device_index']}"
+
     def _fatal_failure(self, out: dict, fatal: list[dict], real: list[dict]) -> bool:
         """A failure that the log shows but that is not about memory (a panic, a traceback, an assert): phase
         unknown, its line as final_error, no memory fix. Only when no engine rule said anything about the end."""
@@ -542,8 +574,8 @@ class _Diagnosis:
         fn = ev.get("function") or ""
         if ev.get("phase_hint"):
             return ev["phase_hint"]  # the buffer the line names (ggml-metal's 'data' / 'kv' / 'eval' buffers)
-        if fn.startswith("ggml_cuda_pool") or fn == "alloc":
-            return "compute_buffer"
+        if fn.startswith("ggml_cuda_pool") or fn == "alloc" or fn.startswith("ggml_cuda_graph"):
+            return "compute_buffer"  # the scratch pools; a CUDA graph's capture / instantiate (cudaGraphInstantiate)
         if ev.get("py_stage"):
             return ev["py_stage"]  # a Python engine's start-up step (traceback frames, log words)
         # llama.cpp's own stage when the error came: still loading the weights, or creating the context; once the

@@ -87,7 +87,10 @@ _BACKEND_ALLOC = re.compile(r"backend_(cpu|opencl|cann|musa|sycl|vk|metal|rpc)_b
 _ALIGNED = re.compile(r"ggml_aligned_malloc: insufficient memory \(attempted to allocate\s*([\d.]+) MB\)")
 _OPENVINO = re.compile(r"openvino\w*: failed to allocate (?:buffer of size |)(\d+)", re.I)
 _CANN = re.compile(r"cann\w*: .*?(?:alloc|malloc)\w* failed.*?(\d+)", re.I)
-_GGML = re.compile(r"(?:(\w+):\s+)?failed to allocate (\S+) buffer of size (\d+)")
+_GGML = re.compile(r"(?:(\w+):\s+)?failed to allocate (\S+) buffer of size (\d+)(?![\d.,])")
+# llama-context.cpp output_reserve (2024+): "failed to allocate output buffer of size %.2f MiB" (the logits /
+# embeddings buffer, n_vocab x n_outputs floats, on the host buffer type): a compute-side buffer, its size in MiB
+_OUTPUT = re.compile(r"failed to allocate output buffer of size ([\d.]+) MiB")
 # ggml-alloc.c's two allocators, in every era (checked in ggml-org/ggml and llama.cpp's copies):
 #   graph (compute) allocator: 2023-24 ggml_tallocr/ggml_allocr "not enough space in the buffer (needed N, largest
 #   block available M)"; 2024+ ggml_dyn_tallocr "not enough space in the buffer to allocate N bytes, largest block
@@ -638,6 +641,12 @@ def _f_not_enough(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
     f.engine_hints["llama.cpp"] += 1
 
 
+def _f_output(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+    mib = float(m.group(1))
+    f.add_event("ggml", lineno, line, device=None, bytes=int(mib * MIB), mib=mib, fn="output_reserve", buffer="compute")
+    f.engine_hints["llama.cpp"] += 1
+
+
 def _f_retry(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
     f.add_event("retry", lineno, line)
     f.warnings.append(line[:500])
@@ -696,6 +705,7 @@ FAILURE_RULES: tuple[tuple[str, str | None, re.Pattern, Callable], ...] = (
     ("SYCL malloc", "can't", _SYCL, _f_sycl),
     ("OpenVINO max alloc size", "Exceeded max size of memory object", _OV_LIMIT, _f_ov_limit),
     ("OpenVINO buffer", None, _OPENVINO, _f_bytes("openvino", None)),
+    ("output buffer (logits)", "output buffer of size", _OUTPUT, _f_output),
     ("ggml buffer of size", "buffer of size", _GGML, _f_ggml),
     ("ggml tallocr", "not enough space in the buffer", _NOT_ENOUGH, _f_not_enough),
     ("retry without pipeline parallelism", "retrying", _RETRY, _f_retry),

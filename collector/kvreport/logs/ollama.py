@@ -140,6 +140,8 @@ def _layout(f: LogFacts, line: str, lineno: int) -> bool:
 
 def _system_memory(f: LogFacts, line: str, lineno: int) -> bool:
     # llm/server.go: Ollama's own check before it starts a runner: the model does not fit the free RAM (+ free VRAM)
+    if "evicting a model" in line:
+        return False  # llm/server.go (2025-26) INFO: the check only evicts another loaded model to make room
     m = _SYSMEM.search(line)
     if not m:
         # the check's words quoted without its numbers ("model requires more system memory" while ...): the same

@@ -285,7 +285,7 @@ RULES: tuple[OomRule, ...] = (
     #    mlx/backend/metal/allocator.cpp "[metal::malloc] Attempting to allocate N bytes which is greater than the
     #    maximum allowed buffer size of M bytes." and "[malloc_or_wait] Unable to allocate N bytes."
     OomRule("metal-add-buffer", ("failed to allocate '",),
-            re.compile(r"failed to allocate '(?P<name>[^']*)' buffer, size = (?P<size>[\d.]+) ?(?P<unit>MB|MiB|GB|GiB)"),
+            re.compile(r"failed to allocate '(?P<name>[^']*)' buffer, size =\s*(?P<size>[\d.]+) ?(?P<unit>MB|MiB|GB|GiB)"),
             "metal", "ggml-metal.m ggml_metal_add_buffer (2023-2024 builds)", read=_metal_buf),
     OomRule("metal-buffer-max", ("larger than buffer maximum",),
             re.compile(r"buffer '?(?P<name>\w+)'? size (?P<size>\d+) is larger than buffer maximum of (?P<max>\d+)"),
@@ -312,6 +312,19 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"\[(?:malloc_or_wait|malloc)\] Unable to allocate (\d+) bytes"),
             "metal", "mlx/backend/metal/allocator.cpp (malloc_or_wait, 2024; malloc, 2025)", engine="mlx-lm",
             read=lambda m: {"mib": _mib(m.group(1), None)}),
+    # -- mlx's Metal kernels that check one buffer against maxBufferLength before they allocate (mlx/backend/metal
+    #    conv.cpp, 2026): "[conv] A single unfolding row needs N bytes, which exceeds the maximum Metal buffer size of M
+    #    bytes." (activations of one operation, not the device's free memory)
+    OomRule("mlx-max-buffer", ("exceeds the maximum Metal buffer size",),
+            re.compile(r"needs (\d+) bytes, which exceeds the maximum Metal buffer size of (\d+) bytes"), "metal",
+            "mlx/backend/metal/conv.cpp (2026)", engine="mlx-lm", phase="compute_buffer", read=_mlx_limit),
+    # -- WebGPU (ggml-webgpu.cpp's uncaptured-error callback aborts with Dawn's validation text): "ggml_webgpu: Device
+    #    error! Reason: 2, Message: Buffer size (N) exceeds the max buffer size limit (M)." -- one buffer above the
+    #    adapter's maxBufferSize
+    OomRule("webgpu-buffer-limit", ("exceeds the max buffer size limit",),
+            re.compile(r"Buffer size \((\d+)\) exceeds the max buffer size limit \((\d+)\)"), None,
+            "ggml/src/ggml-webgpu/ggml-webgpu.cpp (2025-26) with Dawn's CreateBuffer validation message",
+            engine="llama.cpp", read=_mlx_limit),
     # -- Vulkan: vulkan-hpp exception names (ggml-vulkan.cpp catches vk::SystemError)
     OomRule("vulkan-oom", ("ErrorOutOfDeviceMemory", "ErrorOutOfHostMemory", "OutOfDeviceMemoryError",
                            "VK_ERROR_OUT_OF_DEVICE_MEMORY", "VK_ERROR_OUT_OF_HOST_MEMORY"),
@@ -376,12 +389,22 @@ RULES: tuple[OomRule, ...] = (
                        r"exit status 137|"
                        r"^(?:\S+: )?Killed(?:\s+\S.*)?$|\bKilled\s+(?:python\S*|llama\S*|ollama\S*|vllm\S*)"),
             "cpu", "Linux OOM killer (dmesg), shells' 'Killed', Go's 'signal: killed', docker OOMKilled"),
-    OomRule("python-memoryerror", ("MemoryError",), re.compile(r"\bMemoryError\b(?!\w)"), "cpu", "Python MemoryError"),
+    OomRule("python-memoryerror", ("MemoryError",), re.compile(r"\bMemoryError\b(?!\w)(?!: No enough free memory blocks)"), "cpu",
+            "Python MemoryError (not LMDeploy's block manager's, read by lmdeploy-no-enough: a KV pool, not the host)"),
     # -- iOS / iPadOS jetsam, as the system tells the user: "The app “X” has been killed by the operating system
     #    because it is using too much memory." (the process's memory limit, not a device allocation)
     OomRule("ios-jetsam", ("using too much memory",),
             re.compile(r"killed by the operating system because it is using too much memory"), "cpu",
             "iOS jetsam's memory-limit notice (MLC Chat and other phone apps)"),
+    # -- macOS's kernel (xnu kern_memorystatus.c) when swap runs out: "low swap: killing largest compressed process
+    #    with pid N (name) and size M MB" (as `log show` prints it); M is the victim's compressed size, not a request
+    OomRule("macos-low-swap", ("low swap: killing",), re.compile(r"low swap: killing largest compressed process"), "cpu",
+            "xnu bsd/kern/kern_memorystatus.c no_paging_space_action"),
+    # -- torch's CPU allocator (c10/core/impl/alloc_cpu.cpp): "[enforce fail at alloc_cpu.cpp:117] data.
+    #    DefaultCPUAllocator: not enough memory: you tried to allocate N bytes." (host RAM, loading weights on the CPU)
+    OomRule("torch-cpu-alloc", ("DefaultCPUAllocator",),
+            re.compile(r"DefaultCPUAllocator: (?:not enough memory|can't allocate memory): you tried to allocate (\d+) bytes"),
+            "cpu", "pytorch c10/core/impl/alloc_cpu.cpp alloc_cpu (CAFFE_ENFORCE)", read=lambda m: _size(m, 1, None)),
     # -- engines' own messages that say memory could not be had, in any wording not read by their parsers
     OomRule("turbomind-oom", ("[TM][ERROR]", "TurboMind", "turbomind"),
             re.compile(r"\[TM\]\[ERROR\].{0,200}?out of memory", re.I),
@@ -389,6 +412,20 @@ RULES: tuple[OomRule, ...] = (
     OomRule("turbomind-blocks", ("No enough blocks", "no enough blocks"), re.compile(r"[Nn]o enough blocks"), "cuda",
             "lmdeploy/turbomind LlamaBatch / BlockManager: the KV block pool cannot hold the batch", engine="lmdeploy",
             phase="kv_capacity"),
+    # -- LMDeploy's PyTorch engine sizes its pools from free memory (executor/base.py): "No enough gpu memory for kv
+    #    cache." / "... for state cache." (no block fits: the pool is too small, as vLLM's "No available memory for the
+    #    cache blocks"), "No enough gpu memory for runtime." (nothing left for the prefill activations: its own budget);
+    #    the paged block manager's MemoryError "No enough free memory blocks." (a sequence needs more blocks than free)
+    OomRule("lmdeploy-no-enough", ("No enough gpu memory for", "No enough free memory blocks"),
+            re.compile(r"No enough (?:gpu memory for (?P<what>kv cache|state cache|runtime)|free memory blocks)"), None,
+            "lmdeploy pytorch/engine/executor/base.py _get_num_gpu_blocks / _reserve_runtime_mem; "
+            "pytorch/paging/block_manager (MemoryError)", engine="lmdeploy",
+            read=lambda m: {"phase_hint": "memory_budget" if m.group("what") == "runtime" else "kv_capacity"}),
+    # -- TurboMind's engine (2026, engine.cc): the KV block pool cannot admit even the oldest request, which is failed
+    #    ("dp0 ID 17: cache out of memory, no request can be admitted; failing head-of-line request")
+    OomRule("turbomind-admission", ("no request can be admitted",),
+            re.compile(r"cache out of memory, no request can be admitted"), None,
+            "lmdeploy src/turbomind/engine/engine.cc (TM_LOG_WARN)", engine="lmdeploy", phase="kv_capacity"),
     OomRule("need-have", ("need",),
             re.compile(r"(?i:(?P<kv>kv[ -]?cache\b)?.{0,60}?(?:oom|out of memory|not enough|insufficient|too (?:large|big)|"
                        r"does ?n[o']t fit|fail\w*)\b.{0,60}?\bneed(?:s|ed)?\W{0,3}(?P<need>[\d.]+)\s*(?P<nu>[KMGT]i?B)"
@@ -424,10 +461,13 @@ RULES: tuple[OomRule, ...] = (
             phase="kv_capacity", engine="ollama"),
     # -- llama-server (2025+) refuses a request longer than the slot's context: error JSON "request (N tokens) exceeds
     #    the available context size (M tokens), try increasing it", "type":"exceed_context_size_error"
-    OomRule("llama-server-exceed-context", ("exceed_context_size_error", "exceeds the available context size"),
+    OomRule("llama-server-exceed-context", ("exceed_context_size_error", "exceeds the available context size",
+                                            "is larger than the max context size"),
             re.compile(r"(?:request \((?P<n>\d+) tokens\) )?(?:exceeds the available context size(?: \((?P<m>\d+) "
-                       r"tokens\))?|exceed_context_size_error)"), None,
-            "llama.cpp tools/server (ERROR_TYPE_EXCEED_CONTEXT_SIZE), as clients relay its 400 body",
+                       r"tokens\))?|exceed_context_size_error)|input \((?P<n2>\d+) tokens\) is larger than the max "
+                       r"context size \((?P<m2>\d+)"), None,
+            "llama.cpp tools/server (ERROR_TYPE_EXCEED_CONTEXT_SIZE), as clients relay its 400 body; server-context.cpp "
+            "'input (N tokens) is larger than the max context size (M tokens). skipping' (no context shift, embeddings)",
             phase="kv_capacity", engine="llama.cpp", read=lambda m: _tokens_json(m)),
     # -- a request longer than the context (or the model's maximum length) refused before any memory is asked for,
     #    in each engine's words: the context / KV pool is too small for the request (phase kv_capacity, as llama-server's
@@ -441,15 +481,22 @@ RULES: tuple[OomRule, ...] = (
             "than the maximum model length of M', 'Prompt length of N is longer than ...', xorbitsai/inference#3785)",
             phase="kv_capacity", engine="vllm", read=lambda m: _tokens(m)),
     OomRule("openai-max-context", ("maximum context length is",),
-            re.compile(r"maximum context length is (?P<m>\d+) tokens\. However, you requested (?P<n>\d+) tokens"), None,
-            "the OpenAI-compatible servers' refusal (vLLM serving_chat.py and others, vllm#20409)", phase="kv_capacity",
-            read=lambda m: _tokens(m)),
-    OomRule("sglang-input-too-long", ("longer than the model's context length", "longer than the model\\'s context"),
+            re.compile(r"maximum context length is (?P<m>\d+) tokens(?:\. However, you requested (?P<n>\d+) tokens|\. "
+                       r"However, your request has (?P<n2>\d+) input tokens| and your request has (?P<given>\d+) input "
+                       r"tokens \((?P<new>\d+) >)"), None,
+            "the OpenAI-compatible servers' refusal (vLLM serving_chat.py and others, vllm#20409; vLLM 2025-26 "
+            "VLLMValidationError 'However, your request has N input tokens' and the max_tokens check 'your request has N "
+            "input tokens (M > L - N)')", phase="kv_capacity", read=lambda m: _tokens(m)),
+    OomRule("sglang-input-too-long", ("longer than the model's context length", "longer than the model\\'s context",
+                                      "Requested token count exceeds"),
             re.compile(r"The input \((?P<n>\d+) tokens\) is longer than the model\\?'s context length \((?P<m>\d+) "
-                       r"tokens\)"), None, "SGLang tokenizer manager's input validation (Qwen3#1321, sglang#8096)",
+                       r"tokens\)|Requested token count exceeds the model\\?'s maximum context length of (?P<m2>\d+) "
+                       r"tokens\. You requested a total of (?P<n2>\d+) tokens"), None,
+            "SGLang tokenizer manager's input validation (Qwen3#1321, sglang#8096; _validate_one_request's 'Requested "
+            "token count exceeds the model's maximum context length of M tokens. You requested a total of N tokens')",
             phase="kv_capacity", engine="sglang", read=lambda m: _tokens(m)),
-    OomRule("tgi-input-validation", ("Input validation error",),
-            re.compile(r"Input validation error: `inputs` (?:tokens \+ `max_new_tokens` must be <= (?P<m>\d+)(?:\. "
+    OomRule("tgi-input-validation", ("Input validation error", "`max_new_tokens` must be <="),
+            re.compile(r"(?:Input validation error: )?`inputs` (?:tokens \+ `max_new_tokens` must be <= (?P<m>\d+)(?:\. "
                        r"Given: (?P<given>\d+) `inputs` tokens and (?P<new>\d+) `max_new_tokens`)?|must have less than "
                        r"(?P<m2>\d+) tokens\. Given: (?P<n>\d+))"), None,
             "TGI router validation.rs (max_total_tokens / max_input_tokens; llm-vscode#94, TGI#695)",
@@ -459,6 +506,17 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"input length exceeds (?:the |maximum )?context length"), None,
             "ollama server/routes.go EmbedHandler ('input length exceeds maximum context length', n8n#11144; 'the input "
             "length exceeds the context length', 2025)", phase="kv_capacity", engine="ollama"),
+    # -- Ollama (2025-26, llm/llama_server.go completionPromptForRequest): with context shift off, a prompt that
+    #    reaches num_ctx is refused with HTTP 400 "the prompt is longer than the context length currently available to
+    #    the model; shorten the prompt, ..." (clients relay it: OneUptime's docs, LiteLLM and agent frameworks' tests)
+    OomRule("ollama-prompt-too-long", ("longer than the context length currently available",),
+            re.compile(r"the prompt is longer than the context length currently available"), None,
+            "ollama llm/llama_server.go (2025-26), as relayed by API clients", phase="kv_capacity", engine="ollama"),
+    # -- LMDeploy's OpenAI server refusal: "Input length (N) must be smaller than the model context length (M)"
+    OomRule("input-length-context", ("must be smaller than the model context length",),
+            re.compile(r"Input length \((?P<n>\d+)\) must be smaller than the model context length \((?P<m>\d+)\)"), None,
+            "lmdeploy serve async_engine (2026, context_length_exceeded)", phase="kv_capacity",
+            read=lambda m: _tokens(m)),
     OomRule("lmstudio-context-overflow", ("which is not enough",),
             re.compile(r"Trying to keep the first (?P<n>\d+) tokens when context the overflows\. However, the model is "
                        r"loaded with context length of only (?P<m>\d+) tokens"), None,
@@ -527,6 +585,13 @@ RULES: tuple[OomRule, ...] = (
                        r"|would require\W{1,3}~?[\d.]+\s*[KMGT]i?B.{0,160}?\bbut\b.{0,80}?(?:ceiling|limit|budget|available))"),
             None, "engines' own pre-allocation checks (wording varies; format not fully known)", phase="memory_budget",
             generic=True),
+    # -- a loader's own size check that states both sides ("model requires 71.4 GiB but only 58.1 GiB are available
+    #    (after 512.0 MiB overhead)": Ollama's MLX runner, 2026, x/mlxrunner): refused before any allocation
+    OomRule("requires-but-only", ("but only",),
+            re.compile(r"requires (?P<need>[\d.]+) ?(?P<nu>[KMGT]i?B) but only (?P<have>[\d.]+) ?(?P<hu>[KMGT]i?B) "
+                       r"(?:are|is) (?:available|free)"), None,
+            "ollama x/mlxrunner's pre-load check (2026), as the hunt read it", phase="memory_budget",
+            read=lambda m: {"mib": _mib(m.group("need"), m.group("nu")), "free_mib": _mib(m.group("have"), m.group("hu"))}),
     # -- FlashInfer's fixed attention workspace (vLLM, SGLang): include/flashinfer/allocator.h AlignedAllocator
     #    "Buffer overflow when allocating memory for batch_prefill_tmp_v with size N and alignment 16, but only M
     #    bytes available in AlignedAllocator": a buffer of fixed size, not the device's free memory
@@ -577,6 +642,22 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r'"title": "Failed to load model"'), None,
             "LM Studio's load error JSON (title / cause / errorData / data.memory): the load failed, the cause is in "
             "the fields that follow", memory=False),
+    # -- llama.cpp's RPC backend: the remote rpc-server died or answered nonsense ("Remote RPC server crashed or returned
+    #    malformed response", ggml-rpc.cpp RPC_STATUS_ASSERT, 2025-26): the remote side may have been killed for memory,
+    #    but this line does not say so
+    OomRule("rpc-server-crashed", ("Remote RPC server crashed",), re.compile(r"Remote RPC server crashed"), None,
+            "ggml/src/ggml-rpc/ggml-rpc.cpp (2025-26)", engine="llama.cpp", memory=False),
+    # -- llama-server refuses an embedding / rerank input longer than one physical batch: "input (N tokens) is too large
+    #    to process. increase the physical batch size (current batch size: M)" (server-context.cpp): -ub, not memory
+    OomRule("llama-server-ubatch", ("is too large to process",),
+            re.compile(r"input \((?P<n>\d+) tokens\) is too large to process\. increase the physical batch size"), None,
+            "llama.cpp tools/server/server-context.cpp (2025-26)", engine="llama.cpp", memory=False,
+            read=lambda m: _tokens(m)),
+    # -- exllamav2's manual split (model.py load_gen): the gpu_split list has no room for the next module ("Insufficient
+    #    space in device allocation"): its own plan, before any allocation
+    OomRule("exllama-split-space", ("Insufficient space in device allocation",),
+            re.compile(r"Insufficient space in device allocation"), None, "exllamav2 model.py (manual gpu_split)",
+            phase="memory_budget"),
     # -- the net: any other line in the words of a memory failure (format not fully understood)
     OomRule("memory-words", ("out of memory", "Out of memory", "OUT OF MEMORY", "OutOfMemory", "OUT_OF_MEMORY",
                              "out-of-memory", "Out Of Memory", "insufficient memory", "Insufficient memory",
@@ -602,8 +683,10 @@ STAGES = (
       "determine_available_memory", "warmup", "warm_up", "Warming up", "def warmup"), "compute_buffer"),
     (("initialize_kv_cache", "_allocate_kv_cache", "allocate_kv_cache", "init_memory_pool", "_init_cache_engine",
       "CacheEngine("), "kv_cache"),
+    # transformers' from_pretrained (_load_pretrained_model) and safetensors' loader (safetensors/torch.py load_file,
+    # get_tensor) read the weights
     (("load_model", "load_weights", "weight_loader", "Loading weights", "Loading model weights",
-      "Loading safetensors", "model_loader"), "model_weights"),
+      "Loading safetensors", "model_loader", "_load_pretrained_model", "safetensors"), "model_weights"),
     # mlx-lm / mlx-vlm / LM Studio's mlx_engine (generate.py, server.py): evaluating the prompt cache's state is the
     # KV cache; prefill steps and generation are activations
     (("prompt_cache", "prompt cache"), "kv_cache"),
@@ -628,7 +711,9 @@ ENGINE_WORDS = (("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"), ("TurboMind
                 ("llama_", "llama.cpp"), ("llm_load", "llama.cpp"),
                 # ggml's own names in upper case and its C sources (GGML_ASSERT, "GGML backend", ggml.c, ggml-alloc.c)
                 ("GGML", "llama.cpp"), ("ggml.c", "llama.cpp"), ("common_fit_params", "llama.cpp"),
-                ("common_params_fit", "llama.cpp"))
+                ("common_params_fit", "llama.cpp"),
+                # llama.cpp's common loader and llama-server's exit on a load error (common.cpp, server.cpp)
+                ("common_init_from_params", "llama.cpp"), ("exiting due to model loading error", "llama.cpp"))
 """Words that name an engine this layer knows only through its memory errors (module names, log prefixes)."""
 
 FATAL = OomRule(
@@ -656,17 +741,18 @@ KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in (*RULES, FATAL) for k in r.
 """Every literal that selects a line for this layer (derived from :data:`RULES`, never kept by hand)."""
 
 _CURRENT_DEVICE = re.compile(r"current device: (\d+)(?:, in function (\w+))?")
-_LOG_LEVEL_INFO = re.compile(r"(?:^|[\s\]|)])(?:INFO|DEBUG|level=INFO|level=DEBUG)\b")
+_LOG_LEVEL_INFO = re.compile(r"(?:^|[\s\[\]|)])(?:INFO|DEBUG|level=INFO|level=DEBUG)\b")
 _NET_SIZE = re.compile(r"(?i)allocat\w*\s+([\d.]+)\s*([KMGT]i?B)\b")
-_NOT_FAILURES = re.compile(r"(?i)\b(?:to avoid|avoid(?:s|ing)? (?:an? )?(?:oom|out of memory)|may run out|might run out|"
+_NOT_FAILURES = re.compile(r"(?i)\b(?:not an? (?:oom|out[ _-]of[ _-]memory)|to avoid|avoid(?:s|ing)? (?:an? )?(?:oom|out of memory)|may run out|might run out|"
                            r"if you (?:run|get|see)|reduce .{0,40}to prevent|--help|usage:|prevent oom|oom[ _-]?(?:score|adj))")
 REQUEST_RULES = ("vllm-prompt-too-long", "openai-max-context", "sglang-input-too-long", "tgi-input-validation",
                  "ollama-input-too-long", "lmstudio-context-overflow", "llamacpp-prompt-too-long",
-                 "llama-server-exceed-context", "exllama-seq-exceeds-cache", "llama-rn-context-full")
+                 "llama-server-exceed-context", "exllama-seq-exceeds-cache", "llama-rn-context-full",
+                 "ollama-prompt-too-long", "input-length-context")
 """The rules whose line says a request did not fit the context (refused, or the context filled up): the context is
 too small for the request, not the memory for the context."""
 HOST_RULES = ("oom-killer", "enomem", "bad-alloc", "python-memoryerror", "ios-jetsam", "windows-commit-limit",
-              "ray-memory-monitor")
+              "ray-memory-monitor", "macos-low-swap", "torch-cpu-alloc")
 """The rules whose line says the host itself ran out (the OOM killer, ENOMEM, std::bad_alloc, MemoryError)."""
 
 _BACKEND_WORDS = (("hip", "rocm"), ("rocm", "rocm"), ("rocblas", "rocm"), ("cuda", "cuda"), ("cublas", "cuda"),
