@@ -98,7 +98,16 @@ EXAMPLES = [
                         "(00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)", "metal", "compute_buffer"),
     ("metal-status-5", "ggml_metal_graph_compute: command buffer 1 failed with status 5", "metal", "compute_buffer"),
     ("mlx-buffer-limit", "[metal::malloc] Attempting to allocate 447143641344 bytes which is greater than the "
-                         "maximum allowed buffer size of 28991029248 bytes.", "metal", "unknown"),
+                         "maximum allowed buffer size of 28991029248 bytes.", "metal", "compute_buffer"),
+    # mlx 2024 threw the same text without its "[metal::malloc]" prefix (ml-explore/mlx-examples reports)
+    ("mlx-buffer-limit", "libc++abi: terminating due to uncaught exception of type std::runtime_error: Attempting to "
+                         "allocate 19081554496 bytes which is greater than the maximum allowed buffer size of "
+                         "17179869184 bytes.", "metal", "compute_buffer"),
+    ("omlx-model-too-large", 'Error: {"error":{"message":"Model \'Qwen3.5-397B-A17B-nvfp4\' (218.08GB) exceeds '
+                             'max-model-memory (25.00GB)","type":"server_error","param":null,"code":null}}', "metal",
+     "memory_budget"),
+    ("omlx-model-too-large", "Model 'Qwen3.6-35B-A3B-4bit' (19.95GB) does not fit under the memory ceiling (17.78GB). "
+                             "Free system memory or lower memory_guard_tier.", "metal", "memory_budget"),
     ("mlx-malloc-or-wait", "[malloc_or_wait] Unable to allocate 4194304 bytes.", "metal", "unknown"),
     ("vulkan-oom", "terminate called after throwing an instance of 'vk::OutOfDeviceMemoryError'", "vulkan", "unknown"),
     ("sycl-oom", "Native API failed. Native API returns: -5 (PI_ERROR_OUT_OF_RESOURCES) -5 "
@@ -661,6 +670,47 @@ HUNT9 = [
      "of which 1.12 GiB is free. Process 41822 has 22.55 GiB memory in use.\n"
      "RuntimeError: Not enough memory to handle 16384 prefill tokens. You need to decrease `--max-batch-prefill-tokens`",
      {"phase": "compute_buffer", "requested_mib": 1996.8, "free_mib": 1146.88, "verdict": "exceeds_free"}),
+]
+
+
+# rounds 7-8 (read for formats after they were scored): each a format, not a case
+HUNT9 += [
+    # llama-server (2025): a refused request, then the server idles -- the refusal is the failure, not recovered
+    ("slot update_slots: id  0 | task 2119 | new prompt, n_ctx_slot = 131072, n_keep = 0, n_prompt_tokens = 8960912\n"
+     "srv    send_error: task id = 2119, error: the request exceeds the available context size. try increasing the "
+     "context size or enable context shift\nsrv  update_slots: all slots are idle", {"phase": "kv_capacity"}),
+    # vLLM V0: one worker's torch OOM, then another's "while processing method start_worker_execution_loop"
+    ("(VllmWorkerProcess pid=1) ERROR torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 128.00 MiB. GPU 2 "
+     "has a total capacity of 79.33 GiB of which 16.00 MiB is free.\n(VllmWorkerProcess pid=2) ERROR Exception in worker "
+     "VllmWorkerProcess while processing method start_worker_execution_loop.", {"phase": "compute_buffer"}),
+    # TensorRT-LLM prints its KV pool (kvCacheManager.cpp, 2024 and 2025 wordings)
+    ("[TensorRT-LLM][INFO] Allocate 956301312 bytes for k/v cache.\nE0306 backend_model.cc:691] ERROR: Failed to create "
+     "instance: maxTokensInPagedKvCache (29184) must be large enough to process at least 1 sequence to completion",
+     {"phase": "kv_capacity"}),
+    # Windows' VirtualLock warning (llama-mmap.cpp) is not a failure; ggml-cuda's pinned refusal is CUDA's
+    ("warning: failed to VirtualLock 17825792-byte buffer (after previously locking 1407303680 bytes): The paging file "
+     "is too small for this operation to complete.\nWARNING: failed to allocate 258.00 MB of pinned memory: out of "
+     "memory\nTraceback (most recent call last):", {"backend": "cuda"}),
+    # ggml-rpc names its device "RPC0[host:port]"
+    ("E alloc_tensor_range: failed to allocate RPC0[<ip>:50052] buffer of size 193608946688\nE llama_model_load: error "
+     "loading model: unable to allocate RPC0[<ip>:50052] buffer", {"phase": "model_weights", "failing_device": "RPC0"}),
+    # the CPU's repacked weights are host memory; sizes retyped with their digits grouped
+    ("ggml_aligned_malloc: insufficient memory (attempted to allocate 103 000 MB)\n"
+     "alloc_tensor_range: failed to allocate CPU_REPACK buffer of size 108 000 000 000\n"
+     "llama_model_load: error loading model: unable to allocate CPU_REPACK buffer",
+     {"phase": "model_weights", "failing_device": "CPU", "requested_mib": 102996.83}),
+    # a binding's load failure after an unplaced allocation error (Tabby's llama-cpp-bindings)
+    ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 1640.75 MiB on device 1: cudaMalloc failed: out of memory\n"
+     "2024-02-20T04:43:32.423773Z ERROR llama_cpp_bindings: crates/llama-cpp-bindings/src/lib.rs:65: Unable to load "
+     "model: /data/models/q8_0.v2.gguf", {"phase": "model_weights", "failing_device": "CUDA1"}),
+    # Ollama's summary pasted above the runner's log: the allocation below has the numbers
+    ("Error: llama runner process has terminated: signal: aborted (core dumped) error loading model: unable to allocate "
+     "backend buffer\nggml_backend_cuda_buffer_type_alloc_buffer: allocating 15863.15 MiB on device 0: cudaMalloc failed: "
+     "out of memory\nllama_model_load: error loading model: unable to allocate backend buffer",
+     {"phase": "model_weights", "failing_device": "CUDA0", "requested_mib": 15863.15}),
+    # Ollama's one-line error naming the host buffer type
+    ('"llama runner process has terminated: error loading model: unable to allocate CUDA_Host buffer"',
+     {"phase": "model_weights", "failing_device": "CUDA_Host"}),
 ]
 
 

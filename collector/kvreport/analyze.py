@@ -48,7 +48,7 @@ import re
 from kvreport import fixes, strict
 from kvreport.logs import LogFacts, parse_log
 from kvreport.logs.common import MIB, to_float, to_int
-from kvreport.logs.oom import HOST_RULES, backend_of_words
+from kvreport.logs.oom import HOST_RULES, REQUEST_RULES, backend_of_words
 from kvreport.signature import signature
 from kvreport.units import BYTES_PER_VALUE, fmt_mib
 from kvreport.vocab import BACKEND_DEVICE_PREFIX, ENGINES, backend_of_device  # noqa: F401 - re-exported
@@ -172,6 +172,17 @@ def _empty_memory() -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # allocation groups
+
+
+def _summary_first(fatal: list[_Group]) -> _Group:
+    """The first failed group, unless it is only a reason line (a wrapper's summary pasted above the log, "Error: llama
+    runner process has terminated: ... error loading model: unable to allocate backend buffer") and a later group holds
+    the allocation that failed for the same reason: then that one, which has the numbers."""
+    first = fatal[0]
+    if first.events or not first.reasons:
+        return first
+    phases = {r.get("phase") for r in first.reasons}
+    return next((g for g in fatal[1:] if g.events and phases & {r.get("phase") for r in g.reasons}), first)
 
 
 class _Group:
@@ -346,7 +357,7 @@ class _Diagnosis:
         self.torch_oom = False  # the failure is torch's OutOfMemoryError (a Python engine's, whatever the engine)
         self.trail: dict = {"rule": None, "events": []}
         if fatal:
-            first = fatal[0]
+            first = _summary_first(fatal)
             idx = groups.index(first)
             primary = first
             while idx > 0 and groups[idx - 1].retried:
@@ -367,9 +378,7 @@ class _Diagnosis:
             self.primary = primary
             self.trail = {"rule": "logs.llamacpp failure chain (allocation group: backend refusal, ggml buffer, "
                                   "reason)", "events": list(first.reasons) + list(primary.events)}
-            phase = first.phase() if first.reasons else primary.phase()
-            if phase == "unknown" and primary.reasons:
-                phase = "context"
+            phase = self._group_phase(first, primary)
             out.update(self._group_numbers(primary))
             out["phase"] = phase
             self.kv_update = any(r.get("kv_update") for r in first.reasons)
@@ -444,7 +453,8 @@ class _Diagnosis:
         for e in real:
             if e["kind"] != "oom" or e["lineno"] in read:
                 continue
-            if any(n > e["lineno"] for n in success):
+            if any(n > e["lineno"] for n in success) and e.get("rule") not in REQUEST_RULES:
+                # (a refused request is final for that request: a server that goes idle after it did not recover it)
                 self.finding("recovered_allocation", "a memory error the engine carried on after (it came up later)",
                              e["line"])
                 continue
@@ -512,6 +522,16 @@ class _Diagnosis:
                      f"{_fmt(free)} MiB free and could not fit the model; the log ends before the load's outcome", None)
         self.has_memory_event = True
         return True
+
+    def _group_phase(self, first: _Group, primary: _Group) -> str:
+        """The phase of a failed allocation group: its reason lines, else its buffer; a reason that says nothing more
+        is the context; an allocation before the model's load failed is the weights."""
+        phase = first.phase() if first.reasons else primary.phase()
+        if phase == "unknown" and primary.reasons:
+            return "context"
+        if phase == "unknown" and primary.events and self._load_failed_after(primary.events[0]["lineno"]):
+            return "model_weights"
+        return phase
 
     def _engine_failure(self, out: dict, ev: dict, real: list[dict]) -> None:
         """The failure an engine's own parser placed (its last strong event)."""
@@ -584,7 +604,14 @@ class _Diagnosis:
         if ev.get("stage") == "context" and any("compute" in str(b.get("kind")) and not b.get("dry_run")
                                                 for b in self.f.buffers or []):
             return "compute_buffer"
-        return {"weights": "model_weights", "context": "context"}.get(ev.get("stage") or "", "unknown")
+        phase = {"weights": "model_weights", "context": "context"}.get(ev.get("stage") or "",
+                                                                       ev.get("fallback_phase") or "unknown")
+        return "model_weights" if phase == "unknown" and self._load_failed_after(ev["lineno"]) else phase
+
+    def _load_failed_after(self, lineno: int) -> bool:
+        """The run ended with the model's load failing (llama.cpp's loader, a binding relaying it) after ``lineno``:
+        an unplaced allocation error before it came while the weights were loading."""
+        return any(e["kind"] == "final" and e.get("load_failed") and e["lineno"] > lineno for e in self.f.events)
 
     def _oom_backend(self, ev: dict) -> str:
         """The backend of a failure-layer event. ggml's CUDA code serves HIP and MUSA builds too, and before 2025 its
@@ -663,7 +690,8 @@ class _Diagnosis:
                 if e.get("mib") is not None:
                     requested = e["mib"]
                     break
-        backend = backend_of_device(device)
+        backend = backend_of_device(device) or backend_of_device(next((e["device"] for e in g.events
+                                                                      if e.get("device")), None))
         if backend is None:
             for e in backends:
                 if e.get("backend"):
@@ -1133,6 +1161,8 @@ class _Diagnosis:
                          f"printed {_fmt(printed)} MiB; the printed value is used")
         if kv is None and f.sglang.get("kv_mib"):
             kv = f.sglang["kv_mib"]
+        if kv is None and f.kv_pool_mib:
+            kv = f.kv_pool_mib
         if kv is None and f.ollama.get("layout"):
             kvs = [x["mib"] for x in f.ollama["layout"] if x.get("what") == "kv cache" and x.get("mib")]
             if kvs:

@@ -126,6 +126,9 @@ class LogFacts:
     sglang: dict = field(default_factory=CappedDict)
     ollama: dict = field(default_factory=CappedDict)
     tgi: dict = field(default_factory=CappedDict)
+    kv_pool_mib: float | None = None
+    """The KV pool an engine without a parser of its own printed (MiB): TensorRT-LLM's "Allocate N bytes for k/v
+    cache" (2024) and "[MemUsageChange] Allocated X GiB for max tokens in paged KV cache (T)" (kvcache manager)."""
     repeats: dict = field(default_factory=dict)
     """Earlier runs that failed (a new run started after each failure): failure key (:meth:`run_key`) -> count,
     at most :data:`REPEAT_KEYS` keys. Only the last run's facts are kept; see :meth:`fold`."""

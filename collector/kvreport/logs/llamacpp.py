@@ -82,12 +82,14 @@ _OV_LIMIT = re.compile(r"\[GPU\] Exceeded max size of memory object allocation: 
                        r"supported by device is (\d+) bytes")
 # ggml-backend <name>_buffer_type_alloc_buffer: "failed to allocate buffer of size N" (bytes; older builds print no
 # size), OpenCL's "failed to allocate N MiB"; the backend is in the function's name
+# sizes as people retype them into issues, their digits grouped by spaces ("108 000 000 000"): read whole
+_N = r"\d+(?:[ \u00a0\u202f]\d{3})*"
 _BACKEND_ALLOC = re.compile(r"backend_(cpu|opencl|cann|musa|sycl|vk|metal|rpc)_buffer_type_alloc_buffer: failed to allocate "
-                            r"(?:buffer(?: of size (\d+))?|([\d.]+) MiB)")
-_ALIGNED = re.compile(r"ggml_aligned_malloc: insufficient memory \(attempted to allocate\s*([\d.]+) MB\)")
+                            r"(?:buffer(?: of size (" + _N + r"))?|([\d.]+) MiB)")
+_ALIGNED = re.compile(r"ggml_aligned_malloc: insufficient memory \(attempted to allocate\s*(" + _N + r"(?:\.\d+)?) MB\)")
 _OPENVINO = re.compile(r"openvino\w*: failed to allocate (?:buffer of size |)(\d+)", re.I)
 _CANN = re.compile(r"cann\w*: .*?(?:alloc|malloc)\w* failed.*?(\d+)", re.I)
-_GGML = re.compile(r"(?:(\w+):\s+)?failed to allocate (\S+) buffer of size (\d+)(?![\d.,])")
+_GGML = re.compile(r"(?:(\w+):\s+)?failed to allocate (\S+) buffer of size (" + _N + r")(?![\d.,])")
 # llama-context.cpp output_reserve (2024+): "failed to allocate output buffer of size %.2f MiB" (the logits /
 # embeddings buffer, n_vocab x n_outputs floats, on the host buffer type): a compute-side buffer, its size in MiB
 _OUTPUT = re.compile(r"failed to allocate output buffer of size ([\d.]+) MiB")
@@ -116,7 +118,7 @@ _CONFIG = re.compile(
     r"SPLIT_MODE_TENSOR requires|is not a GGUF file|failed to open")
 _FINAL = re.compile(
     r"failed to create context|failed to create_context|exiting due to model loading error|unable to create context|"
-    r"unable to load model|failed to load model|server exited before becoming ready|llama_server exited with code|"
+    r"[Uu]nable to load model|failed to load model|server exited before becoming ready|llama_server exited with code|"
     r"Load Text Model OK: False|error: failed to create context")
 _SUCCESS = re.compile(
     r"listening on http|server is listening|model loaded|initializing slots|load_model: initializing, n_slots|"
@@ -411,7 +413,7 @@ class Section:
     read: Callable[[LogFacts, str, int], bool]
 
 
-FAILURE_KEYWORDS = ("fail", "Fail", "FAIL", "rror", "alloc", "exit", "unable", "insufficient", "listening",
+FAILURE_KEYWORDS = ("fail", "Fail", "FAIL", "rror", "alloc", "exit", "unable", "Unable", "insufficient", "listening",
                     "initializing", "idle", "started", "GGML_ASSERT", "not enough", "loaded", "OK: False", "main loop",
                     "Cannot", "support", "requires", "must be")
 
@@ -561,6 +563,7 @@ def _f_cuda_oom(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
 def _f_pinned(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
     f.add_event("pinned", lineno, line, backend="cuda", device=f"{f.cuda_name or 'CUDA'}_Host",
                 mib=float(m.group(1).replace(",", ".")), error=(m.group(2) or "").strip())
+    f.engine_hints["llama.cpp"] += 1  # ggml-cuda's ggml_cuda_host_malloc
 
 
 def _f_vk_pinned(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
@@ -591,16 +594,25 @@ _BACKEND_OF_BUFTYPE = {"cpu": "cpu", "opencl": "opencl", "cann": "cann", "musa":
                       "metal": "metal", "rpc": "unknown"}
 
 
+_DIGIT_GAP = re.compile(r"[ \u00a0\u202f]")
+
+
+def _digits(text: str) -> int:
+    """``"108 000 000 000"`` -> 108000000000 (a size whose digits were grouped by spaces)."""
+    return int(_DIGIT_GAP.sub("", text))
+
+
 def _f_backend_alloc(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
     backend = _BACKEND_OF_BUFTYPE[m.group(1)]
-    nbytes = int(m.group(2)) if m.group(2) else None
+    nbytes = _digits(m.group(2)) if m.group(2) else None
     mib = nbytes / MIB if nbytes is not None else (float(m.group(3)) if m.group(3) else None)
     f.add_event("backend", lineno, line, backend=backend, device="CPU" if backend == "cpu" else None, bytes=nbytes,
                 mib=mib, error="")
 
 
 def _f_aligned(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
-    f.add_event("backend", lineno, line, backend="cpu", device="CPU", mib=float(m.group(1)), error="", detail=True)
+    f.add_event("backend", lineno, line, backend="cpu", device="CPU", mib=float(_DIGIT_GAP.sub("", m.group(1))),
+                error="", detail=True)
 
 
 def _f_metal(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
@@ -618,12 +630,20 @@ def _f_ov_limit(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
                 limit_mib=int(m.group(2)) / MIB)
 
 
+_CPU_EXTRA = re.compile(r"CPU_(?:REPACK|AARCH64|KLEIDIAI|AMX)$")
+
+
 def _f_ggml(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
     fn = m.group(1) or ""
     dev = m.group(2)
+    if dev.startswith("RPC") and "[" in dev:
+        dev = dev[:dev.index("[")]  # ggml-rpc names its device "RPC0[host:port]": the device is RPC0
+    elif _CPU_EXTRA.match(dev):
+        dev = "CPU"  # the CPU's extra buffer types (repacked weights, AMX, KleidiAI) are host memory
     _note_device_name(f, dev)
     kind = "compute" if "gallocr" in fn or "gallocr" in line else "tensor"
-    f.add_event("ggml", lineno, line, device=dev, bytes=int(m.group(3)), mib=int(m.group(3)) / MIB, fn=fn, buffer=kind)
+    nbytes = _digits(m.group(3))
+    f.add_event("ggml", lineno, line, device=dev, bytes=nbytes, mib=nbytes / MIB, fn=fn, buffer=kind)
     f.engine_hints["llama.cpp"] += 1
 
 
@@ -654,7 +674,7 @@ def _f_retry(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
 
 # llama_model_load's "unable to allocate <buffer type> buffer" names the buffer type, i.e. the device ("CUDA0",
 # "ROCm1", "Vulkan0"; llama-model.cpp load_tensors), also when a program relays only that line
-_REASON_DEVICE = re.compile(r"unable to allocate ((?:CUDA|ROCm|MUSA|Vulkan|SYCL|CANN)\d+) buffer")
+_REASON_DEVICE = re.compile(r"unable to allocate ((?:CUDA|ROCm|MUSA|Vulkan|SYCL|CANN)(?:\d+|_Host)|RPC\d+)(?:\[[^\]]*\])? buffer")
 
 
 def _f_reason(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
@@ -684,8 +704,16 @@ def _f_config(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
     f.cause_error = line[:2000]
 
 
+# the end of a run whose model (weights) did not load: llama.cpp's loader (llama_model_load_from_file_impl /
+# llama_load_model_from_file, common_init_from_params "failed to load model '...'") and bindings that relay it (Tabby's
+# "Unable to load model: <path>"); llama-server's own "srv load_model: failed to load model" follows a context
+# failure too, so it is not one of these
+_LOAD_FAILED = re.compile(r"(?:llama_model_load_from_file\w*|llama_load_model_from_file|common_init_from_params): "
+                          r"failed to load model|Unable to load model: ")
+
+
 def _f_final(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
-    f.add_event("final", lineno, line)
+    f.add_event("final", lineno, line, **({"load_failed": True} if _LOAD_FAILED.search(line) else {}))
     f.add_error(line)
     f.final_error = line
 

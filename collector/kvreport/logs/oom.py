@@ -205,6 +205,13 @@ def _mlx_limit(m: re.Match) -> dict:
     return {"mib": _mib(m.group(1), None), "limit_mib": _mib(m.group(2), None) if m.group(2) else None}
 
 
+def _mlx_buffer(m: re.Match) -> dict:
+    """mlx's one-buffer limit: with no step named, a single buffer above maxBufferLength is an activation (attention
+    scores of a long prompt: mlx's KV cache grows in 256-token steps, its weights are one buffer a tensor)."""
+    out = _mlx_limit(m) if m.group(1) else {"mib": _mib(m.group(3), None), "limit_mib": _mib(m.group(4), None)}
+    return {**out, "fallback_phase": "compute_buffer"} if out.get("limit_mib") else out
+
+
 def _cuda_block(m: re.Match) -> dict:
     return {"cuda_name": {"hip": "ROCm", "rocm": "ROCm", "musa": "MUSA"}.get(m.group(1).lower(), "CUDA")}
 
@@ -304,10 +311,13 @@ RULES: tuple[OomRule, ...] = (
     OomRule("metal-nil", ("buffer is nil",), re.compile(r"ggml_metal_get_buffer: error: buffer is nil"), "metal",
             "ggml-metal.m ggml_metal_get_buffer (2023-2024): a tensor outside every buffer, after a buffer could not "
             "be allocated over the working set", phase="compute_buffer"),
-    OomRule("mlx-buffer-limit", ("[metal::malloc]",),
+    OomRule("mlx-buffer-limit", ("[metal::malloc]", "greater than the maximum allowed buffer size"),
             re.compile(r"\[metal::malloc\] Attempting to allocate (\d+) bytes(?: which is greater than the maximum "
-                       r"allowed buffer size of (\d+) bytes)?"),
-            "metal", "mlx/backend/metal/allocator.cpp MetalAllocator::malloc", engine="mlx-lm", read=_mlx_limit),
+                       r"allowed buffer size of (\d+) bytes)?|Attempting to allocate (\d+) bytes which is greater than "
+                       r"the maximum allowed buffer size of (\d+) bytes"),
+            "metal", "mlx/backend/metal/allocator.cpp MetalAllocator::malloc (2024 builds threw the text without the "
+            "'[metal::malloc]' prefix: 'std::runtime_error: Attempting to allocate N bytes which is greater than ...')",
+            engine="mlx-lm", read=_mlx_buffer),
     OomRule("mlx-malloc-or-wait", ("[malloc_or_wait]", "[malloc]"),
             re.compile(r"\[(?:malloc_or_wait|malloc)\] Unable to allocate (\d+) bytes"),
             "metal", "mlx/backend/metal/allocator.cpp (malloc_or_wait, 2024; malloc, 2025)", engine="mlx-lm",
@@ -592,6 +602,12 @@ RULES: tuple[OomRule, ...] = (
                        r"(?:are|is) (?:available|free)"), None,
             "ollama x/mlxrunner's pre-load check (2026), as the hunt read it", phase="memory_budget",
             read=lambda m: {"mib": _mib(m.group("need"), m.group("nu")), "free_mib": _mib(m.group("have"), m.group("hu"))}),
+    # -- oMLX (jundot/omlx, an MLX server for Macs, 2026): its engine pool refuses a model above its own limits before
+    #    loading: "Model 'X' (218.08GB) exceeds max-model-memory (25.00GB)" (engine_pool.py ModelTooLargeError, HTTP 507)
+    #    and its memory guard's "Model 'X' (19.95GB) does not fit under the memory ceiling (17.78GB)"
+    OomRule("omlx-model-too-large", ("exceeds max-model-memory", "does not fit under the memory ceiling"),
+            re.compile(r"exceeds max-model-memory|does not fit under the memory ceiling"), "metal",
+            "jundot/omlx engine_pool.py (ModelTooLargeError) and its memory guard", phase="memory_budget"),
     # -- FlashInfer's fixed attention workspace (vLLM, SGLang): include/flashinfer/allocator.h AlignedAllocator
     #    "Buffer overflow when allocating memory for batch_prefill_tmp_v with size N and alignment 16, but only M
     #    bytes available in AlignedAllocator": a buffer of fixed size, not the device's free memory
@@ -674,6 +690,9 @@ RULES: tuple[OomRule, ...] = (
             None, "catch-all for memory-error words (kvreport's failure layer)", generic=True),
 )
 
+_KV_POOL_WORDS = ("bytes for k/v cache", "for max tokens in paged KV cache")
+"""TensorRT-LLM's KV pool lines (kvCacheManager.cpp), read into ``LogFacts.kv_pool_mib``."""
+
 STAGES = (
     # vLLM (gpu_model_runner.py / worker.py / model_runner.py), SGLang (model_runner.py, cuda_graph_runner.py), TGI
     # (flash_causal_lm.py warmup): the function or log words of each start-up step, and the buffer that step allocates
@@ -695,8 +714,9 @@ STAGES = (
     # a model's forward pass (traceback frame "in forward") and TGI's serving steps: the router's tracing spans
     # ("batch{batch_size=1}:prefill:prefill{id=9 size=1}", "decode{"), the server's generate_token, the Python
     # client's "Request failed during generation": activations, after start-up
-    ((", in forward", "generate_token", "Request failed during generation", ":prefill", "prefill{", "decode{"),
-     "compute_buffer"),
+    ((", in forward", "generate_token", "Request failed during generation", ":prefill", "prefill{", "decode{",
+      # vLLM's serving loop (V0 worker start_worker_execution_loop, V1 execute_model): a request's forward pass
+      "start_worker_execution_loop", "in execute_model"), "compute_buffer"),
 )
 """Python engines' start-up steps (traceback frames and log words) -> the phase of an OOM raised inside them."""
 
@@ -737,9 +757,10 @@ FATAL = OomRule(
 KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in (*RULES, FATAL) for k in r.keywords}
                                          | {w for w, _ in ENGINE_WORDS} | {w for ws, _ in STAGES for w in ws}
                                          | {"current device:", "hipMalloc(", "metal_limit=", "kv_budget=",
-                                            "model_memory="}))
+                                            "model_memory=", *_KV_POOL_WORDS}))
 """Every literal that selects a line for this layer (derived from :data:`RULES`, never kept by hand)."""
 
+_KV_POOL = re.compile(r"Allocate (\d+) bytes for k/v cache|Allocated ([\d.]+) GiB for max tokens in paged KV cache")
 _CURRENT_DEVICE = re.compile(r"current device: (\d+)(?:, in function (\w+))?")
 _LOG_LEVEL_INFO = re.compile(r"(?:^|[\s\[\]|)])(?:INFO|DEBUG|level=INFO|level=DEBUG)\b")
 _NET_SIZE = re.compile(r"(?i)allocat\w*\s+([\d.]+)\s*([KMGT]i?B)\b")
@@ -806,23 +827,38 @@ def stage_of(line: str, present: frozenset[str] | None = None) -> str | None:
     return None
 
 
-_NOT_A_FAILURE = re.compile(r"warning: failed to mlock \d+-byte buffer")
+_NOT_A_FAILURE = re.compile(r"(?:warning|arning): failed to (?:mlock|VirtualLock) \d+-byte buffer")
 """Lines in memory words that are warnings the engine carries on after: llama-mmap.cpp llama_mlock::raw_lock
-("warning: failed to mlock N-byte buffer ...: Cannot allocate memory", llama.cpp#6261: the pages are just not pinned)."""
+("warning: failed to mlock N-byte buffer ...: Cannot allocate memory", llama.cpp#6261: the pages are just not pinned;
+on Windows "warning: failed to VirtualLock N-byte buffer (after previously locking M bytes): The paging file is too
+small ...", llama-mmap.cpp's Windows twin)."""
+
+
+def _side_line(f: LogFacts, line: str, lineno: int) -> bool:
+    """Lines that are not failures of their own: warnings the engine carries on after, the continuation lines of an
+    error block, a KV pool size. True when the line was one of them (read)."""
+    if ("failed to mlock" in line or "failed to VirtualLock" in line) and _NOT_A_FAILURE.search(line):
+        f.warnings.append(line[:500])
+        return True
+    if "current device:" in line:
+        _attach_device(f, line, lineno)
+        return True
+    if ("metal_limit=" in line or "kv_budget=" in line or "model_memory=" in line) and _attach_metal_plan(f, line, lineno):
+        return True
+    if "for k/v cache" in line or "paged KV cache (" in line:
+        m = _KV_POOL.search(line)
+        if m:
+            f.kv_pool_mib = int(m.group(1)) / 1048576.0 if m.group(1) else float(m.group(2)) * 1024.0
+            return True
+    if "hipMalloc(" in line or "hipMallocManaged(" in line:
+        _attach_call(f, line, lineno)
+        return True
+    return False
 
 
 def feed(f: LogFacts, line: str, lineno: int) -> None:
     """Read one cleaned line: an ``oom`` event for the first rule that matches (at most one per line)."""
-    if "failed to mlock" in line and _NOT_A_FAILURE.search(line):
-        f.warnings.append(line[:500])
-        return
-    if "current device:" in line:
-        _attach_device(f, line, lineno)
-        return
-    if ("metal_limit=" in line or "kv_budget=" in line or "model_memory=" in line) and _attach_metal_plan(f, line, lineno):
-        return
-    if "hipMalloc(" in line or "hipMallocManaged(" in line:
-        _attach_call(f, line, lineno)
+    if _side_line(f, line, lineno):
         return
     present = _WORDS.present(line)
     if not present:
@@ -831,7 +867,10 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         if word in present:
             f.engine_hints[engine] += 2 if engine != "llama.cpp" else 1
             break
-    f.py_stage = stage_of(line, present) or f.py_stage
+    stage = stage_of(line, present)
+    if stage:
+        _stage_after(f, stage, lineno)
+        f.py_stage = stage
     for i in sorted({i for k in present for i in _RULES_OF.get(k, ())}):  # table order, only rows whose words occur
         rule = RULES[i]
         m = rule.pattern.search(line)
@@ -849,6 +888,21 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
     if not present.isdisjoint(FATAL.keywords) and FATAL.pattern.search(line):
         f.add_event("oom", lineno, line, rule=FATAL.id, backend=backend_of_words(line.lower()), phase=None,
                     engine=None, generic=True, memory=False)
+
+
+def _stage_after(f: LogFacts, stage: str, lineno: int) -> None:
+    """A step named just after an OOM that no step placed: multi-process engines print one worker's exception and
+    then another's "Exception in worker ... while processing method start_worker_execution_loop" (vLLM V0) or its
+    traceback frames, so the step comes after the OOM line (at most 3 lines after)."""
+    for ev in reversed(f.events[-3:]):
+        if lineno - ev["lineno"] > 3:
+            return
+        if ev["kind"] == "engine" and ev.get("torch_oom") and ev.get("phase") == "unknown":
+            ev["phase"] = stage
+            return
+        if ev["kind"] == "oom" and ev.get("memory", True) and not ev.get("phase") and not ev.get("py_stage"):
+            ev["py_stage"] = stage
+            return
 
 
 def _rule_backend(rule: OomRule, m: re.Match, data: dict, line: str) -> str | None:
