@@ -303,11 +303,15 @@ def _reduce_ctx(b: _Builder, rank: float) -> None:
     s = b.s
     cur = s.n_ctx or s.n_ctx_requested
     if not cur:
-        if s.phase in ("kv_cache", "context") or s.kv_update or budget_names_cache(s):
+        big_cb = big_compute_unknown_ctx(s)
+        if s.phase in ("kv_cache", "context") or s.kv_update or budget_names_cache(s) or big_cb:
             flag = "OLLAMA_CONTEXT_LENGTH" if _is_ollama(s) else _CTX_KNOB_OF_RULE.get(s.oom_rule or "", "--ctx-size / -c")
+            what = (f"a {_mib(s.requested_mib)} MiB compute buffer at the default micro-batch comes from a long context "
+                    f"(its attention scores grow with it)" if big_cb else
+                    "the log shows neither the context size nor the KV cost per token")
             b.add(rank, "reduce-ctx", "Ask for a smaller context", {},
-                  f"the log shows neither the context size nor the KV cost per token, so no value can be computed: "
-                  f"lower {flag} step by step (the KV shrinks in proportion)",
+                  f"{what}, so no value can be computed: lower {flag} step by step (the "
+                  f"{'compute buffer' if big_cb else 'KV'} shrinks in proportion)",
                   "The KV cache is n_ctx tokens x bytes per token; a smaller context is the first lever (playbook "
                   "step 1). Run kvreport with the command line (or the model file) to get the exact number.")
         return
@@ -1335,6 +1339,16 @@ def mlx_not_over_limit(s: Situation) -> bool:
     return not mlx_over_limit(s)
 
 
+def big_compute_unknown_ctx(s: Situation) -> bool:
+    """A compute buffer of 8 GiB or more at a context the log does not give, at a micro-batch known to be the default
+    (the log or command says -ub <= 512, or Ollama, whose runner keeps num_batch 512 unless set): without flash
+    attention llama.cpp's KQ scores are n_ctx x n_ubatch x n_head x 4 bytes (8 GiB at -ub 512 is about 128k tokens with
+    32 heads, 32k with 128; 4k tokens take 256 MiB with 32), so a buffer that size says the context is long."""
+    ub_default = (s.n_ubatch is not None and s.n_ubatch <= 512) or (s.n_ubatch is None and _is_ollama(s))
+    return s.phase == "compute_buffer" and not s.working_set and s.n_ctx is None and ub_default \
+        and (s.requested_mib or 0) >= 8192
+
+
 def huge_ctx(s: Situation) -> bool:
     """An unplaced memory failure at a context of 32768 tokens or more: the context is the likely cause."""
     return (s.n_ctx or 0) >= 32768
@@ -1487,6 +1501,7 @@ RULES: tuple[Rule, ...] = (
     _r("work-around-alloc-limit", LLAMA, _CB, buffer_over_alloc_limit, 0, _alloc_limit),
     _r("reduce-ctx", LLAMA, _CB, kv_update, 0, _reduce_ctx),
     _r("reduce-ctx", LLAMA, _CB, huge_ctx, 0.2, _reduce_ctx),
+    _r("reduce-ctx", LLAMA, _CB, big_compute_unknown_ctx, 0.3, _reduce_ctx),
     _r("reduce-gpu-layers", LLAMA, _CB, ollama_compute, 0.5, _reduce_layers),
     _r("rebalance-devices", LLAMA, _CB, secondary_gpu, 0.7, _rebalance),
     _r("reduce-batch", LLAMA, _CB, graph_buffer, 1, _reduce_batch),

@@ -757,9 +757,10 @@ FATAL = OomRule(
 KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in (*RULES, FATAL) for k in r.keywords}
                                          | {w for w, _ in ENGINE_WORDS} | {w for ws, _ in STAGES for w in ws}
                                          | {"current device:", "hipMalloc(", "metal_limit=", "kv_budget=",
-                                            "model_memory=", *_KV_POOL_WORDS}))
+                                            "model_memory=", '"n_ctx": ', *_KV_POOL_WORDS}))
 """Every literal that selects a line for this layer (derived from :data:`RULES`, never kept by hand)."""
 
+_JSON_N_CTX = re.compile(r'\s*"n_ctx": (\d+),?\s*$')
 _KV_POOL = re.compile(r"Allocate (\d+) bytes for k/v cache|Allocated ([\d.]+) GiB for max tokens in paged KV cache")
 _CURRENT_DEVICE = re.compile(r"current device: (\d+)(?:, in function (\w+))?")
 _LOG_LEVEL_INFO = re.compile(r"(?:^|[\s\[\]|)])(?:INFO|DEBUG|level=INFO|level=DEBUG)\b")
@@ -853,6 +854,13 @@ def _side_line(f: LogFacts, line: str, lineno: int) -> bool:
     if "hipMalloc(" in line or "hipMallocManaged(" in line:
         _attach_call(f, line, lineno)
         return True
+    if '"n_ctx": ' in line:
+        m = _JSON_N_CTX.match(line)
+        if m:  # LM Studio's load error JSON ("errorData": {"n_ctx": 1048576, ...}): the context it tried
+            if "n_ctx" not in f.ctx:
+                f.ctx["n_ctx"] = m.group(1)
+                f.note_line("ctx:n_ctx", lineno, line)
+            return True
     return False
 
 
