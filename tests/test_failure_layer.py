@@ -211,6 +211,12 @@ EXAMPLES = [
     ("torch-oom", "RuntimeError: NPU out of memory. Tried to allocate 3.47 GiB (NPU 0; 60.97 GiB total capacity; 58.92 "
                   "GiB already allocated; 58.92 GiB current active; 1.66 GiB free; 58.95 GiB reserved in total by "
                   "PyTorch)", "cann", "unknown"),
+    # ggml-cuda's VMM pool on HIP (llama.cpp#11405; "invalid argument" from a Strix Halo write-up)
+    ("hip-vmm-oom", "/home/<user>/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu:359: HipVMM Failure: out of memory", "rocm",
+     "compute_buffer"),
+    ("hip-vmm-failure", "ggml/src/ggml-cuda/ggml-cuda.cu:669: HipVMM Failure: invalid argument", "rocm", "unknown"),
+    # NVIDIA's kernel driver on a DGX Spark (a 2026 blog's dmesg)
+    ("nvrm-no-memory", "NVRM: nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO_MEMORY]", "cuda", "unknown"),
     # round-9 format hunt (each read in the engine's source named in its rule; the hunt's realistic values)
     ("openai-max-context", "vllm.exceptions.VLLMValidationError: This model's maximum context length is 32768 tokens. "
                            "However, your request has 40211 input tokens. Please reduce the length of the input "

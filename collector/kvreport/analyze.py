@@ -392,11 +392,10 @@ class _Diagnosis:
             self._unplaced_end(out, engine_events, configs, finals)
         if out["phase"] not in ("none",) and (out["backend"] == "unknown" or not out["failing_device"]):
             self._oom_details(out, real)
-        if out["phase"] not in ("none",) and out["backend"] == "unknown":
+        if out["backend"] == "unknown":
+            # also when nothing failed: the backend the run used (its device lines, build, platform), not a failure's
             out["backend"] = self._backend_guess()
-        if out["phase"] == "none":
-            out["backend"] = "unknown"
-        elif out["backend"] == "cuda" and self.f.vllm.get("platform") == "rocm":
+        if out["backend"] == "cuda" and self.f.vllm.get("platform") == "rocm":
             self._rocm_platform(out)
         self._recovered_events(real)
         self._truncated_prompt()

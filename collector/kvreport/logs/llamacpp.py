@@ -417,6 +417,23 @@ FAILURE_KEYWORDS = ("fail", "Fail", "FAIL", "rror", "alloc", "exit", "unable", "
                     "initializing", "idle", "started", "GGML_ASSERT", "not enough", "loaded", "OK: False", "main loop",
                     "Cannot", "support", "requires", "must be")
 
+# llamafile (llamafile/cuda.c, metal.c, vulkan.c, 2024-26): which GPU library it loaded ("Apple Metal GPU support
+# successfully loaded", "NVIDIA cuBLAS GPU support successfully loaded", "cuda: AMD ROCm GPU support successfully loaded")
+_LLAMAFILE_GPU = re.compile(r"(Apple Metal|NVIDIA cuBLAS|NVIDIA CUDA|AMD ROCm) GPU support successfully loaded")
+
+
+def _llamafile_gpu(f: LogFacts, line: str, lineno: int) -> bool:
+    m = _LLAMAFILE_GPU.search(line)
+    if not m:
+        return False
+    if m.group(1) == "Apple Metal":
+        f.set_device("Metal", "llamafile")
+    else:
+        f.cuda_name = "ROCm" if m.group(1) == "AMD ROCm" else "CUDA"
+    f.engine_hints["llama.cpp"] += 1
+    return True
+
+
 SECTIONS: tuple[Section, ...] = (
     Section("engine words", ("llama_", "ggml_"), _hint_words),
     Section("model hyperparameters (print_info / llm_load_print_meta)", ("print_info", "llm_load_print_meta"),
@@ -435,6 +452,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("free memory per device", ("MiB free",), _device_free),
     Section("device names (Vulkan, Metal, SYCL)", ("ggml_vulkan: ", "GPU name:", "found device:", ":gpu:"),
             _device_names),
+    Section("llamafile GPU support", ("GPU support successfully loaded",), _llamafile_gpu),
     Section("ggml_cuda_init", ("ggml_cuda_init",), _cuda_init),
     Section("CUDA device list", ("Device ",), _cuda_device),
     Section("DXGI budget (Vulkan on Windows)", ("DXGI",), _dxgi),

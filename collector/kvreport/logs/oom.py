@@ -240,7 +240,7 @@ def _summary(m: re.Match) -> dict:
 
 
 _TORCH = (r"(?:(?P<be>CUDA|HIP|XPU|MPS|NPU) (?:backend )?out of memory(?: \([^)]{0,200}\))?\.\s*)?Tried to allocate (?P<req>[\d.]+) ?(?P<ru>[KMGT]i?B|bytes)"
-          r"(?:\.?\s*GPU (?P<dev>\d+) has a total capac(?:ity|ty) of\s+(?P<total>[\d.]+) ?(?P<tu>[KMGT]i?B) of\s+which\s+"
+          r"(?:\.?\s*GPU (?:(?P<dev>\d+) )? ?has a total capac(?:ity|ty) of\s+(?P<total>[\d.]+) ?(?P<tu>[KMGT]i?B) of\s+which\s+"
           r"(?P<free>[\d.]+) ?(?P<fu>[KMGT]i?B|bytes) is free"
           r"|\s*\((?:GPU|NPU) (?P<dev2>\d+); (?P<total2>[\d.]+) ?(?P<tu2>[KMGT]i?B) total(?: capacity)?;"
           r"(?: [\d.]+ ?(?:[KMGT]i?B|bytes) (?:already allocated|current active);)* (?P<free2>[\d.]+) ?(?P<fu2>[KMGT]i?B|bytes) free)?")
@@ -254,6 +254,17 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"\b(CUDA|ROCm|HIP|MUSA) error(?: \d+)?(?: at \S+:\d+)?: (?:out of memory|"
                        r"(?:hipErrorOutOfMemory|cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY))", re.I),
             "cuda", "ggml-cuda.cu ggml_cuda_error / CUDA_CHECK; llama.cpp#1230, #3199, ollama#3237", read=_cuda_block),
+    # ggml-cuda's VMM pool on HIP builds (vendors/hip.h CU_CHECK -> GGML_ABORT("HipVMM Failure: %s"), raised in
+    #    ggml_cuda_pool_vmm::alloc): the compute scratch pool; "out of memory" is memory, other reasons are not
+    OomRule("hip-vmm-oom", ("HipVMM Failure",), re.compile(r"HipVMM Failure: out of memory"), "rocm",
+            "ggml/src/ggml-cuda/vendors/hip.h CU_CHECK (llama.cpp#11405)", phase="compute_buffer"),
+    OomRule("hip-vmm-failure", ("HipVMM Failure",), re.compile(r"HipVMM Failure: (?!out of memory)"), "rocm",
+            "ggml/src/ggml-cuda/vendors/hip.h CU_CHECK ('HipVMM Failure: invalid argument')", memory=False),
+    # -- the NVIDIA kernel driver (dmesg / journal): "NVRM: nvCheckOkFailedNoLog: Check failed: Out of memory
+    #    [NV_ERR_NO_MEMORY]" (open-gpu-kernel-modules' status name): the driver could not get memory for the GPU (on
+    #    unified-memory systems such as DGX Spark / Grace, host memory)
+    OomRule("nvrm-no-memory", ("NV_ERR_NO_MEMORY",), re.compile(r"NV_ERR_NO_MEMORY"), "cuda",
+            "NVIDIA open-gpu-kernel-modules nvstatus (NV_ERR_NO_MEMORY), as the driver logs it"),
     OomRule("cublas-alloc", ("CUBLAS_STATUS_ALLOC_FAILED", "HIPBLAS_STATUS_ALLOC_FAILED", "ROCBLAS_STATUS_MEMORY_ERROR"),
             re.compile(r"(CUBLAS|HIPBLAS)_STATUS_ALLOC_FAILED|ROCBLAS_STATUS_MEMORY_ERROR"),
             "cuda", "cuBLAS/hipBLAS status names (CUBLAS_CHECK in ggml-cuda.cu); ollama reports 2024: the BLAS "
@@ -716,7 +727,7 @@ STAGES = (
     # client's "Request failed during generation": activations, after start-up
     ((", in forward", "generate_token", "Request failed during generation", ":prefill", "prefill{", "decode{",
       # vLLM's serving loop (V0 worker start_worker_execution_loop, V1 execute_model): a request's forward pass
-      "start_worker_execution_loop", "in execute_model"), "compute_buffer"),
+      "start_worker_execution_loop", "in execute_model", "async_llm_engine"), "compute_buffer"),
 )
 """Python engines' start-up steps (traceback frames and log words) -> the phase of an OOM raised inside them."""
 
@@ -729,6 +740,8 @@ ENGINE_WORDS = (("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"), ("TurboMind
                 ("cudaMalloc failed: out of memory", "llama.cpp"), ("hipMalloc failed: out of memory", "llama.cpp"),
                 ("llama-server", "llama.cpp"), ("llama-cli", "llama.cpp"), ("ggml_", "llama.cpp"), ("ggml-", "llama.cpp"),
                 ("llama_", "llama.cpp"), ("llm_load", "llama.cpp"),
+                # vLLM's process titles (V1 sets "VLLM::EngineCore", "VLLM::Worker_TP0"), as the kernel's OOM killer names them
+                ("VLLM::", "vllm"),
                 # ggml's own names in upper case and its C sources (GGML_ASSERT, "GGML backend", ggml.c, ggml-alloc.c)
                 ("GGML", "llama.cpp"), ("ggml.c", "llama.cpp"), ("common_fit_params", "llama.cpp"),
                 ("common_params_fit", "llama.cpp"),
