@@ -217,6 +217,22 @@ EXAMPLES = [
     ("hip-vmm-failure", "ggml/src/ggml-cuda/ggml-cuda.cu:669: HipVMM Failure: invalid argument", "rocm", "unknown"),
     # NVIDIA's kernel driver on a DGX Spark (a 2026 blog's dmesg)
     ("nvrm-no-memory", "NVRM: nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO_MEMORY]", "cuda", "unknown"),
+    # round-9 format hunts, second wave (pasted forms and engines at the edge; sources in each rule)
+    ("llama-rn-context-full", "Completion failed: Not enough context space", None, "kv_capacity"),
+    ("input-exceeds-max-context", '{"error":"input length (40312 tokens) exceeds the model\'s maximum context length '
+                                  '(32768 tokens)"}', None, "kv_capacity"),
+    ("ort-genai-max-length", "RuntimeError: input_ids size (9216) + current sequence length (0) exceeds max length "
+                             "(8192)", None, "kv_capacity"),
+    ("ort-genai-max-length", "onnxruntime_genai.onnxruntime_genai.OrtException: max_length (12288) cannot be greater "
+                             "than model context_length (4096)", None, "kv_capacity"),
+    ("tgi-not-enough-memory", "tgi-1  | Error: Backend(NotEnoughMemory(32768))", None, "kv_capacity"),
+    ("openvino-genai-cache-budget", "Request 0 was dropped by the scheduler because it did not fit in the available "
+                                    "cache budget (out of memory). Increase cache_size / num_kv_blocks", "openvino",
+     "kv_capacity"),
+    ("need-but-only", "vllm won't start with max-model-len 131072 on 2x A6000, says KV cache needed 16 GiB but only "
+                      "9.05 GiB available. tp=2, gpu-memory-utilization 0.9", None, "kv_cache"),
+    ("memory-words", "it says cudaMalloc failed 12 GB?? I have a 3060 12GB so it should fit.", None, "unknown"),
+    ("memory-words", "[GPU] out of GPU resources", None, "unknown"),  # OpenVINO intel_gpu ocl_engine.cpp
     # round-9 format hunt (each read in the engine's source named in its rule; the hunt's realistic values)
     ("openai-max-context", "vllm.exceptions.VLLMValidationError: This model's maximum context length is 32768 tokens. "
                            "However, your request has 40211 input tokens. Please reduce the length of the input "
@@ -681,6 +697,21 @@ HUNT9 = [
 
 # rounds 7-8 (read for formats after they were scored): each a format, not a case
 HUNT9 += [
+    # vLLM V1 (2026) KV check re-wrapped over three lines, and one cut after the need
+    ("Available KV cache memory: 0.24 GiB\nValueError: To serve at least one request with the model's max seq len\n"
+     "(1000000), 3.09 GiB KV cache is needed, which is larger than the available\nKV cache memory (0.24 GiB). Estimated "
+     "maximum model length is 57344.", {"phase": "kv_capacity", "requested_mib": 3164.16, "free_mib": 245.76}),
+    ("(EngineCore pid=7579) ERROR 10-01 04:29:49 [core.py:1385] ValueError: To serve at least one request with the "
+     "model's max seq len (262144), (5.84 GiB KV cache is needed, which is larger than the available KV ca",
+     {"phase": "kv_capacity", "requested_mib": 5980.16}),
+    # failures not about memory: Windows' crash record, a GPU reset, vllm-ascend's stream resources
+    ("Faulting application name: llama-server.exe, version: 0.0.0.0\nException code: 0xc0000409",
+     {"phase": "unknown"}),
+    ("(EngineCore_DP0 pid=88213) ERROR 08-20 16:05:12 [core.py:935] RuntimeError: ACL graph capture failed with a known "
+     "stream-resource exhaustion signature.\n(EngineCore_DP0 pid=88213) ERROR 08-20 16:05:12 [core.py:935] The stream "
+     "resources are insufficient. error code is 207008", {"phase": "unknown"}),
+    ("OrtException: Non-zero status code returned while running DmlFusedNode_0_3 node. Exception(3) tid(2b60) 887A0005 "
+     "The GPU device instance has been suspended.", {"phase": "unknown"}),
     # llama-server (2025): a refused request, then the server idles -- the refusal is the failure, not recovered
     ("slot update_slots: id  0 | task 2119 | new prompt, n_ctx_slot = 131072, n_keep = 0, n_prompt_tokens = 8960912\n"
      "srv    send_error: task id = 2119, error: the request exceeds the available context size. try increasing the "

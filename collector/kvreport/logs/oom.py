@@ -442,6 +442,16 @@ RULES: tuple[OomRule, ...] = (
             "lmdeploy pytorch/engine/executor/base.py _get_num_gpu_blocks / _reserve_runtime_mem; "
             "pytorch/paging/block_manager (MemoryError)", engine="lmdeploy",
             read=lambda m: {"phase_hint": "memory_budget" if m.group("what") == "runtime" else "kv_capacity"}),
+    # -- TGI v3's router after warm-up (backends/v3/src/lib.rs V3Error::NotEnoughMemory(max_total_tokens)): the KV
+    #    blocks the shards reported cannot hold max_total_tokens (the number is tokens)
+    OomRule("tgi-not-enough-memory", ("NotEnoughMemory(",), re.compile(r"NotEnoughMemory\((?P<m>\d+)\)"), None,
+            "huggingface/text-generation-inference backends/v3/src/lib.rs", engine="tgi", phase="kv_capacity",
+            read=lambda m: {"limit_tokens": int(m.group("m"))}),
+    # -- OpenVINO GenAI's continuous-batching scheduler (utils.hpp assert_request_was_scheduled): "Request 0 was dropped
+    #    by the scheduler because it did not fit in the available cache budget (out of memory)": its KV cache_size
+    OomRule("openvino-genai-cache-budget", ("did not fit in the available cache budget",),
+            re.compile(r"dropped by the scheduler because it did not fit in the available cache budget"), "openvino",
+            "openvinotoolkit/openvino.genai src/cpp/src/utils.hpp (2026)", phase="kv_capacity"),
     # -- TurboMind's engine (2026, engine.cc): the KV block pool cannot admit even the oldest request, which is failed
     #    ("dp0 ID 17: cache out of memory, no request can be admitted; failing head-of-line request")
     OomRule("turbomind-admission", ("no request can be admitted",),
@@ -453,6 +463,11 @@ RULES: tuple[OomRule, ...] = (
                        r"\W{1,6}(?:but\s+)?(?:only|have|has|available|free)\W{0,3}(?P<have>[\d.]+)\s*(?P<hu>[KMGT]i?B))"),
             None, "users' and blogs' summaries: 'KV cache OOM (need 8.33 GiB, only 8.29 GiB)', 'not enough GPU memory "
                   "for KV cache: need 20 GiB, have 10 GiB'", read=_need_have),
+    OomRule("need-but-only", ("but only",),
+            re.compile(r"(?i:(?P<kv>kv[ -]?cache\b)\W{0,3}(?:is |was )?need(?:s|ed)?\W{0,3}(?P<need>[\d.]+)\s*(?P<nu>[KMGT]i?B)"
+                       r"\W{1,6}but\s+only\W{0,3}(?P<have>[\d.]+)\s*(?P<hu>[KMGT]i?B))"),
+            None, "users' summaries of vLLM's KV check ('says KV cache needed 16 GiB but only 9.05 GiB available')",
+            read=_need_have),
     # -- paraphrased or summary lines as people type them: "failed to allocate KV cache (requested ctx=262144,
     #    gpu memory free=1024 MiB)", "n_ctx 32768 doesn't fit, only 2 GB free"
     OomRule("kv-summary", ("KV cache", "kv cache", "KV-cache", "kv-cache"),
@@ -533,6 +548,18 @@ RULES: tuple[OomRule, ...] = (
     OomRule("ollama-prompt-too-long", ("longer than the context length currently available",),
             re.compile(r"the prompt is longer than the context length currently available"), None,
             "ollama llm/llama_server.go (2025-26), as relayed by API clients", phase="kv_capacity", engine="ollama"),
+    # -- "input length (N tokens) exceeds the model's maximum context length (M tokens)" (Ollama's MLX runner,
+    #    x/mlxrunner/pipeline.go, 2026, as its API error body)
+    OomRule("input-exceeds-max-context", ("exceeds the model's maximum context length",),
+            re.compile(r"input length \((?P<n>\d+) tokens\) exceeds the model's maximum context length \((?P<m>\d+) "
+                       r"tokens\)"), None, "ollama x/mlxrunner/pipeline.go (2026)", phase="kv_capacity",
+            read=lambda m: _tokens(m)),
+    # -- ONNX Runtime GenAI (generators.cpp): "input_ids size (N) + current sequence length (0) exceeds max length (M)"
+    #    and "max_length (N) cannot be greater than model context_length (M)": the search's max_length sizes its KV
+    OomRule("ort-genai-max-length", ("exceeds max length (", "cannot be greater than model context_length"),
+            re.compile(r"input_ids size \((?P<n>\d+)\) \+ current sequence length \(\d+\) exceeds max length \((?P<m>\d+)\)"
+                       r"|max_length \((?P<n2>\d+)\) cannot be greater than model context_length \((?P<m2>\d+)\)"),
+            None, "microsoft/onnxruntime-genai src/generators.cpp", phase="kv_capacity", read=lambda m: _tokens(m)),
     # -- LMDeploy's OpenAI server refusal: "Input length (N) must be smaller than the model context length (M)"
     OomRule("input-length-context", ("must be smaller than the model context length",),
             re.compile(r"Input length \((?P<n>\d+)\) must be smaller than the model context length \((?P<m>\d+)\)"), None,
@@ -581,8 +608,10 @@ RULES: tuple[OomRule, ...] = (
             engine="ollama", read=lambda m: _ollama_nomem(m.string)),
     # -- llama.rn (React Native binding of llama.cpp; PocketPal and other phone apps): RNLlama's completion throws
     #    "Context is full" when the context filled up
-    OomRule("llama-rn-context-full", ("Context is full",), re.compile(r"\bContext is full\b"), None,
-            "mybigday/llama.rn RNLlama completion (context_full)", phase="kv_capacity", engine="llama.cpp"),
+    OomRule("llama-rn-context-full", ("Context is full", "Not enough context space"),
+            re.compile(r"\bContext is full\b|Not enough context space"), None,
+            "mybigday/llama.rn RNLlama completion (context_full; rn-mtmd.hpp 'Not enough context space' for a prompt "
+            "with images)", phase="kv_capacity", engine="llama.cpp"),
     # -- exllamav2 / exllamav3 (ExUI, tabbyAPI): the auto-split loader ran out of VRAM for the weights plus the cache
     #    sized for max_seq_len ("Insufficient VRAM for model and cache", v2 model.py load_autosplit_gen; "Insufficient
     #    VRAM in split for model and cache", v3 model_ls.py initial_split): its own budget, before any allocation
@@ -692,12 +721,13 @@ RULES: tuple[OomRule, ...] = (
                              "failed to allocate", "Failed to allocate", "unable to allocate", "Unable to allocate",
                              "could not allocate", "Could not allocate", "allocation failed", "Allocation failed",
                              "memory allocation", "Memory allocation", "more system memory", "requires more memory",
-                             "memory object",
+                             "memory object", "Malloc failed", "GPU resources",
                              "OOM", "oom"),
             re.compile(r"(?i:out[ _-]of[ _-]?memory|insufficient[ _]memory|not enough (?:\w+ )?memory|"
                        r"(?:could not|failed to|unable to) create (?:a )?memory object|"
                        r"(?:failed|unable|could not|cannot) to allocate|(?:memory )?allocation failed|"
-                       r"memory allocation (?:of \d+ bytes )?failed|requires more (?:system )?memory)|\bOOM\b"),
+                       r"memory allocation (?:of \d+ bytes )?failed|requires more (?:system )?memory|"
+                       r"(?:cuda|hip)Malloc failed|out of (?:gpu|device) resources)|\bOOM\b"),
             None, "catch-all for memory-error words (kvreport's failure layer)", generic=True),
 )
 
@@ -754,11 +784,19 @@ FATAL = OomRule(
                     "atal error", "GGML_ASSERT", "ggml_abort", "exit status", "exited with", "level=ERROR",
                     "ShardCannotStart", "failed to start", "Error: ", "Exception: ", "error: ", "CUDA error",
                     "SYCL error", "CANN error", "HIP error", "ROCm error", "MUSA error", "cuBLAS error", "illegal memory access", "has crashed", "Exit code:",
-                    ")[0x"),
+                    ")[0x", "Error: ", "Exception: ",
+                    # Windows' crash statuses (fail-fast abort, access violation) in hex and as signed / unsigned exit codes
+                    "0xc0000409", "0xC0000409", "0xc0000005", "0xC0000005", "-1073740791", "-1073741819", "3221226505",
+                    "3221225477",
+                    # DirectX's device removed / hung (a GPU reset: TDR), NVIDIA's Xid reports, amdgpu's VM faults
+                    "887A0005", "887A0006", "DXGI_ERROR_DEVICE_", "NVRM: Xid", "amdgpu: [gfxhub", "VM_L2_PROTECTION_FAULT"),
     re.compile(r"panic: |Traceback \(most recent call last\)|terminate called after throwing|Segmentation fault|"
                r"core dumped|\bAborted\b|\bFATAL\b|[Ff]atal error|GGML_ASSERT|ggml_abort|exit status -?\d|"
                r"exited with (?:code|status) -?[1-9]|level=ERROR|ShardCannotStart|failed to start|"
-               r"^(?:\S+ ){0,3}?\w*(?:Error|Exception): |^\W{0,3}error: |\b(?:CUDA|SYCL|CANN|HIP|ROCm|MUSA) error\b|"
+               r"(?:^(?:\S+ ){0,3}?|\] )\w*(?:Error|Exception): |^\W{0,3}error: |\b(?:CUDA|SYCL|CANN|HIP|ROCm|MUSA) error\b|"
+               r"\b(?:0x[cC]000040[9]|0x[cC]0000005|-1073740791|-1073741819|3221226505|3221225477)\b|"
+               r"\b887A000[56]\b|DXGI_ERROR_DEVICE_(?:REMOVED|HUNG|RESET)|NVRM: Xid \(|amdgpu: \[gfxhub\S*\] page fault|"
+               r"VM_L2_PROTECTION_FAULT|"
                r"\bcuBLAS error \d+|"
                r"illegal memory access|\bhas crashed\b|\(Exit code: -?\d+\)"
                # glibc backtrace_symbols: "/usr/lib/libllama.so(llama_decode+0xc)[0x7f15...]"
@@ -783,7 +821,7 @@ _NOT_FAILURES = re.compile(r"(?i)\b(?:not an? (?:oom|out[ _-]of[ _-]memory)|to a
 REQUEST_RULES = ("vllm-prompt-too-long", "openai-max-context", "sglang-input-too-long", "tgi-input-validation",
                  "ollama-input-too-long", "lmstudio-context-overflow", "llamacpp-prompt-too-long",
                  "llama-server-exceed-context", "exllama-seq-exceeds-cache", "llama-rn-context-full",
-                 "ollama-prompt-too-long", "input-length-context")
+                 "ollama-prompt-too-long", "input-length-context", "input-exceeds-max-context", "ort-genai-max-length")
 """The rules whose line says a request did not fit the context (refused, or the context filled up): the context is
 too small for the request, not the memory for the context."""
 HOST_RULES = ("oom-killer", "enomem", "bad-alloc", "python-memoryerror", "ios-jetsam", "windows-commit-limit",

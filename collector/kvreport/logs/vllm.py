@@ -30,8 +30,11 @@ _POOL = re.compile(r"GPU KV cache size:\s*([\d,]+)\s*tokens")
 _BLOCKS = re.compile(r"# (?:GPU|cuda|rocm|\w+) blocks:\s*(\d+)")
 _CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request:\s*([\d.]+)x")
 _V0_CAP = re.compile(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV cache \((\d+)\)")
-_V1_CAP = re.compile(r"max seq len \((\d+)\),\s*\(?([\d.]+) Gi?B KV cache is needed, which is larger than the available KV cache memory \(([-\d.]+) Gi?B\)")
-_EST = re.compile(r"estimated maximum model length is (\d+)")
+# (the "max seq len " words may be on the line before when the message was wrapped; the line may be cut after "is
+# needed", then only the need is known)
+_V1_CAP = re.compile(r"(?:max seq len )?\((\d+)\),\s*\(?([\d.]+) Gi?B KV cache is needed(?:, which is larger than the "
+                     r"available KV cache memory \(([-\d.]+) Gi?B\))?")
+_EST = re.compile(r"estimated maximum model length is (\d+)", re.I)
 _NO_MEM = re.compile(r"No available memory for the cache blocks")
 # worker startup check (V1, 2025+): "Free memory on device cuda:0 (38.74/121.63 GiB) on startup is less than desired
 # GPU memory utilization (0.35, 42.57 GiB)", and the short form people quote ("Free memory on cuda:0 (a/b GiB) <
@@ -133,6 +136,23 @@ def _pool_lines(f: LogFacts, line: str) -> None:
                  "projected_mib": None, "free_mib": None, "lines": [line[:300]]}
 
 
+def _v1_capacity(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+    """V1's KV check: the engine's own numbers, the KV one max-length request needs against the KV memory it has."""
+    v = f.vllm
+    v["max_model_len"] = int(m.group(1))
+    v["kv_needed_mib"] = float(m.group(2)) * 1024.0
+    if m.group(3) is not None:
+        v["available_kv_mib"] = float(m.group(3)) * 1024.0
+    m2 = _EST.search(line)
+    if m2:
+        v["estimated_max_len"] = int(m2.group(1))
+    f.engine_hints["vllm"] += 3
+    f.add_event("engine", lineno, line, engine="vllm", phase="kv_capacity", backend=_msg_backend(line),
+                requested_mib=v["kv_needed_mib"], free_mib=v.get("available_kv_mib"))
+    f.final_error = line
+    f.add_error(line)
+
+
 def _failure(f: LogFacts, line: str, lineno: int) -> bool:
     """vLLM's own refusals (KV capacity V0/V1, no memory for the cache blocks, the start-up gate) and torch OOMs."""
     v = f.vllm
@@ -146,18 +166,7 @@ def _failure(f: LogFacts, line: str, lineno: int) -> bool:
         return True
     m = _V1_CAP.search(line)
     if m:
-        v["max_model_len"] = int(m.group(1))
-        v["kv_needed_mib"] = float(m.group(2)) * 1024.0
-        v["available_kv_mib"] = float(m.group(3)) * 1024.0
-        m2 = _EST.search(line)
-        if m2:
-            v["estimated_max_len"] = int(m2.group(1))
-        f.engine_hints["vllm"] += 3
-        # the engine's own numbers: the KV one max-length request needs against the KV memory it has
-        f.add_event("engine", lineno, line, engine="vllm", phase="kv_capacity", backend=_msg_backend(line),
-                    requested_mib=v["kv_needed_mib"], free_mib=v["available_kv_mib"])
-        f.final_error = line
-        f.add_error(line)
+        _v1_capacity(f, m, line, lineno)
         return True
     if _NO_MEM.search(line) or "Cannot auto-fit max_model_len" in line:
         if '"No available memory' in line or "raise ValueError(" in line:
