@@ -815,7 +815,10 @@ _JSON_N_CTX = re.compile(r'\s*"n_ctx": (\d+),?\s*$')
 _KV_POOL = re.compile(r"Allocate (\d+) bytes for k/v cache|Allocated ([\d.]+) GiB for max tokens in paged KV cache")
 _CURRENT_DEVICE = re.compile(r"current device: (\d+)(?:, in function (\w+))?")
 _LOG_LEVEL_INFO = re.compile(r"(?:^|[\s\[\]|)])(?:INFO|DEBUG|level=INFO|level=DEBUG)\b")
-_NET_SIZE = re.compile(r"(?i)allocat\w*\s+([\d.]+)\s*([KMGT]i?B)\b")
+# "allocating 5.16 GiB", "allocating 2,147,483,648 bytes" (CuPy), "trying to allocate 17179869184 bytes" (XLA),
+# "allocate memory for requested buffer of size 939524096" (ONNX Runtime's arena: bytes)
+_NET_SIZE = re.compile(r"(?i)allocat\w*\s+(?:(?:memory for requested buffer of size|request for)\s+)?"
+                       r"(\d{1,3}(?:,\d{3})+|[\d.]+)\s*([KMGT]i?B\b|bytes\b|(?=[\s.,;)]|$))")
 _NOT_FAILURES = re.compile(r"(?i)\b(?:not an? (?:oom|out[ _-]of[ _-]memory)|to avoid|avoid(?:s|ing)? (?:an? )?(?:oom|out of memory)|may run out|might run out|"
                            r"if you (?:run|get|see)|reduce .{0,40}to prevent|--help|usage:|prevent oom|oom[ _-]?(?:score|adj))")
 REQUEST_RULES = ("vllm-prompt-too-long", "openai-max-context", "sglang-input-too-long", "tgi-input-validation",
@@ -854,7 +857,9 @@ def _net_data(line: str) -> dict | None:
     if _NOT_FAILURES.search(line) or _LOG_LEVEL_INFO.search(line[:120]):
         return None
     size = _NET_SIZE.search(line)
-    return {"mib": _mib(size.group(1), size.group(2))} if size else {}
+    if not size or (not size.group(2) and "buffer of size" not in size.group(0)):
+        return {}  # a bare number is bytes only after "buffer of size" (ONNX Runtime's arena)
+    return {"mib": _mib(size.group(1).replace(",", ""), size.group(2) if size.group(2) != "bytes" else None)}
 
 
 _WORDS = KeywordSet(KEYWORDS)
