@@ -217,6 +217,17 @@ EXAMPLES = [
     ("hip-vmm-failure", "ggml/src/ggml-cuda/ggml-cuda.cu:669: HipVMM Failure: invalid argument", "rocm", "unknown"),
     # NVIDIA's kernel driver on a DGX Spark (a 2026 blog's dmesg)
     ("nvrm-no-memory", "NVRM: nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO_MEMORY]", "cuda", "unknown"),
+    # round 10-11 tuning shares (each a format; sources in each rule)
+    ("vllm-max-context", "Error code: 400 - {'error': {'message': \"This model's maximum context length is 196608 "
+                         "tokens. However, you requested 16384 output tokens and your prompt contains at least 180225 "
+                         "input tokens, for a total of at least 196609 tokens.", None, "kv_capacity"),
+    ("openvino-gpu-exceeded", "2025-07-07T11:59:48Z deepseek-r1.server[17974]: [GPU] Exceeded max size of memory "
+                              "allocation: Required 8257536 bytes, already occupied : 7927400508 bytes, but available "
+                              "memory size is 7927406592 bytes", "openvino", "unknown"),
+    ("rknn-npu-malloc", "E RKNN: [19:58:54.142] failed to malloc npu memory, size: 4022861824, flags: 0x2", "unknown",
+     "unknown"),
+    ("ggml-object-pool", "ggml_new_object: not enough space in the context's memory pool (needed 29377280, available "
+                         "29376864)", None, "unknown"),
     # round-9 format hunts, second wave (pasted forms and engines at the edge; sources in each rule)
     ("llama-rn-context-full", "Completion failed: Not enough context space", None, "kv_capacity"),
     ("input-exceeds-max-context", '{"error":"input length (40312 tokens) exceeds the model\'s maximum context length '
@@ -697,6 +708,24 @@ HUNT9 = [
 
 # rounds 7-8 (read for formats after they were scored): each a format, not a case
 HUNT9 += [
+    # RADV prints the refused size on the line after its "Failed to allocate a buffer:"
+    ("radv/amdgpu: Failed to allocate a buffer:\nradv/amdgpu:    size      : 963379200 bytes\nradv/amdgpu:    alignment "
+     ": 262144 bytes", {"backend": "vulkan", "requested_mib": 918.75}),
+    # SGLang's KV pool buffers (mem_cache/memory_pool.py _create_buffers), here torch_npu's OOM
+    ('  File "/usr/lib/python3.11/site-packages/sglang/srt/mem_cache/memory_pool.py", line 736, in __init__\n'
+     "    self._create_buffers()\n    self.kv_buffer = torch.zeros(\nRuntimeError: NPU out of memory. Tried to allocate "
+     "48.55 GiB (NPU 1; 60.96 GiB total capacity; 36.49 GiB already allocated; 36.49 GiB current active; 24.12 GiB free; "
+     "36.49 GiB reserved in total by PyTorch)", {"phase": "kv_cache", "backend": "cann", "failing_device": "CANN1"}),
+    # uvicorn's "Application startup complete." of another server does not recover a llama.cpp load failure
+    ("ERROR:    llama_model_load: error loading model: unable to allocate ROCm0 buffer\n"
+     "Sep 14 14:49:47 <host> lemonade-server-dev[2794]: INFO:     Application startup complete.",
+     {"phase": "model_weights", "failing_device": "ROCm0"}),
+    # vLLM V1's KV check cut after the need: the check's own refusal is above what it had
+    ("  ValueError: To serve at least one request with the model's max seq len (1048576),\n  23.32 GiB KV cache is "
+     "needed, which is larger t", {"phase": "kv_capacity", "requested_mib": 23879.68, "verdict": "exceeds_free"}),
+    # vLLM V0's check retyped by hand ("sew")
+    ("The model’s max sew len (32768) is larger than the maximum number of tokens that can be stored in KV cache "
+     "(18896). Try increasing ‘gpu_memory_utilization’", {"phase": "kv_capacity"}),
     # vLLM V1 (2026) KV check re-wrapped over three lines, and one cut after the need
     ("Available KV cache memory: 0.24 GiB\nValueError: To serve at least one request with the model's max seq len\n"
      "(1000000), 3.09 GiB KV cache is needed, which is larger than the available\nKV cache memory (0.24 GiB). Estimated "

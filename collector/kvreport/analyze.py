@@ -890,10 +890,15 @@ class _Diagnosis:
             # 5.3 GiB, 5.3 GiB available"), so equal figures are the check failing, not a fit
             slack = 0.01 * self.free_at_failure if out["phase"] == "memory_budget" else 0.0
             out["verdict"] = "exceeds_free" if req > self.free_at_failure - slack else "fits_but_failed"
-        elif req is not None and self._total_below(device, backend, req):
+        elif req is not None and (self._total_below(device, backend, req) or self._check_refused()):
             out["verdict"] = "exceeds_free"
         else:
             out["verdict"] = "unknown"
+
+    def _check_refused(self) -> bool:
+        """The engine's own check said its need is above what it has (vLLM's KV check), though the line was cut before
+        the free figure."""
+        return any(e.get("refused") for e in self.trail.get("events") or [])
 
     def _total_below(self, device: str | None, backend: str, req: float) -> bool:
         """No free figure at the failure, but an upper bound on it is below the request, so it exceeded what was free

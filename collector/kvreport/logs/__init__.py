@@ -112,7 +112,8 @@ _GLUED = re.compile(r"(?<=[a-zA-Z0-9)])\s?(?=(?:ggml_gallocr_reserve_n\w*|alloc_
 WRAP_PHRASES = ("out of memory. Tried to allocate", "KV cache is needed", "larger than the available KV cache memory", "can be stored in KV cache",
                 "less than desired GPU memory utilization", "more system memory", "Tried to allocate",
                 "increase --mem-fraction-static", "No available memory for the cache blocks",
-                "failed to allocate buffer for kv cache", "failed to allocate buffer for the kv cache")
+                "failed to allocate buffer for kv cache", "failed to allocate buffer for the kv cache",
+                "is longer than the model's context length")
 
 
 WRAP_PAIRS = (("max seq len", "KV cache is needed"), ("max seq len", "maximum number of tokens that can be stored"),

@@ -265,6 +265,18 @@ RULES: tuple[OomRule, ...] = (
     #    unified-memory systems such as DGX Spark / Grace, host memory)
     OomRule("nvrm-no-memory", ("NV_ERR_NO_MEMORY",), re.compile(r"NV_ERR_NO_MEMORY"), "cuda",
             "NVIDIA open-gpu-kernel-modules nvstatus (NV_ERR_NO_MEMORY), as the driver logs it"),
+    # -- OpenVINO's GPU plugin (intel_gpu engine.cpp check_allocatable): "[GPU] Exceeded max size of memory allocation:
+    #    Required N bytes, already occupied : M bytes, but available memory size is T bytes" (the device's whole memory)
+    OomRule("openvino-gpu-exceeded", ("Exceeded max size of memory allocation",),
+            re.compile(r"Exceeded max size of memory allocation: Required (\d+) bytes, already occupied : (\d+) bytes, but "
+                       r"available memory size is (\d+) bytes"), "openvino",
+            "openvinotoolkit/openvino src/plugins/intel_gpu runtime engine.cpp (canonical/inference-snaps#126)",
+            read=lambda m: {"mib": _mib(m.group(1), None),
+                            "free_mib": max(int(m.group(3)) - int(m.group(2)), 0) / 1048576.0}),
+    # -- Rockchip's RKNN runtime under RKLLM: "E RKNN: ... failed to malloc npu memory, size: N, flags: 0x2"
+    OomRule("rknn-npu-malloc", ("failed to malloc npu memory",),
+            re.compile(r"failed to malloc npu memory, size: (\d+)"), "unknown",
+            "airockchip rknn runtime (rknn-llm#232)", read=lambda m: _size(m, 1, None)),
     OomRule("cublas-alloc", ("CUBLAS_STATUS_ALLOC_FAILED", "HIPBLAS_STATUS_ALLOC_FAILED", "ROCBLAS_STATUS_MEMORY_ERROR"),
             re.compile(r"(CUBLAS|HIPBLAS)_STATUS_ALLOC_FAILED|ROCBLAS_STATUS_MEMORY_ERROR"),
             "cuda", "cuBLAS/hipBLAS status names (CUBLAS_CHECK in ggml-cuda.cu); ollama reports 2024: the BLAS "
@@ -380,6 +392,12 @@ RULES: tuple[OomRule, ...] = (
                        re.I), "cann", "ggml-cann ACL_CHECK; CANN runtime error 207001 (memory allocation)"),
     # -- 2023 ggml: ggml.c ggml_new_tensor_impl / ggml_new_object "not enough space in the context's memory pool
     #    (needed N, available M)" and the scratch pool twin: a fixed host pool that was sized too small
+    # -- ggml.c ggml_new_object (2023-10+): the no_alloc context that holds the tensor and graph *objects* (metadata,
+    #    sized from max_nodes x ggml_tensor_overhead()) is full: a graph with more nodes than it was sized for, a sizing
+    #    bug of the program, not device or host memory running out (llama.cpp#3757, ca-018's meta backend)
+    OomRule("ggml-object-pool", ("ggml_new_object",),
+            re.compile(r"ggml_new_object: not enough space in the context's memory pool"), None,
+            "ggml.c ggml_new_object (2023-10 onwards)", engine="llama.cpp", memory=False),
     OomRule("ggml-pool", ("memory pool (needed", "memory pool",),
             re.compile(r"not enough space in the (?:context's|scratch) memory pool(?: \(needed (?P<need>\d+), "
                        r"available (?P<avail>\d+)\))?"),
@@ -523,8 +541,16 @@ RULES: tuple[OomRule, ...] = (
             "the OpenAI-compatible servers' refusal (vLLM serving_chat.py and others, vllm#20409; vLLM 2025-26 "
             "VLLMValidationError 'However, your request has N input tokens' and the max_tokens check 'your request has N "
             "input tokens (M > L - N)')", phase="kv_capacity", read=lambda m: _tokens(m)),
+    # -- vLLM's own wordings of that refusal (serving_engine.py, 2025-26): "However, you requested N output tokens and
+    #    your prompt contains at least M input tokens, for a total of at least T tokens" (clients and agents relay it:
+    #    many public tests quote it verbatim)
+    OomRule("vllm-max-context", ("output tokens and your prompt contains",),
+            re.compile(r"maximum context length is (?P<m>\d+) tokens\. However, you requested (?P<new>\d+) output tokens "
+                       r"and your prompt contains at least (?P<given>\d+) input tokens"), None,
+            "vllm entrypoints/openai serving_engine.py (2025-26)", phase="kv_capacity", engine="vllm",
+            read=lambda m: _tokens(m)),
     OomRule("sglang-input-too-long", ("longer than the model's context length", "longer than the model\\'s context",
-                                      "Requested token count exceeds"),
+                                      "Requested token count exceeds", "model's context length ("),
             re.compile(r"The input \((?P<n>\d+) tokens\) is longer than the model\\?'s context length \((?P<m>\d+) "
                        r"tokens\)|Requested token count exceeds the model\\?'s maximum context length of (?P<m2>\d+) "
                        r"tokens\. You requested a total of (?P<n2>\d+) tokens"), None,
@@ -740,9 +766,10 @@ STAGES = (
     (("capture_model", "cuda_graph", "cudagraph", "CUDA graph", "CUDAGraph", "CudaGraph", "graph capture",
       "Capturing", "Capture cuda graph"), "compute_buffer"),
     (("profile_run", "_dummy_run", "_dummy_sampler_run", "determine_num_available_blocks",
-      "determine_available_memory", "warmup", "warm_up", "Warming up", "def warmup"), "compute_buffer"),
+      "determine_available_memory", "warmup", "warm_up", "Warming up", "def warmup", "Warmup failed"), "compute_buffer"),
+    # (SGLang's KV pools: mem_cache/memory_pool.py _create_buffers "self.kv_buffer = torch.zeros(", the NPU one too)
     (("initialize_kv_cache", "_allocate_kv_cache", "allocate_kv_cache", "init_memory_pool", "_init_cache_engine",
-      "CacheEngine("), "kv_cache"),
+      "CacheEngine(", "_create_buffers", "kv_buffer = "), "kv_cache"),
     # transformers' from_pretrained (_load_pretrained_model) and safetensors' loader (safetensors/torch.py load_file,
     # get_tensor) read the weights
     (("load_model", "load_weights", "weight_loader", "Loading weights", "Loading model weights",
@@ -757,7 +784,8 @@ STAGES = (
     # client's "Request failed during generation": activations, after start-up
     ((", in forward", "generate_token", "Request failed during generation", ":prefill", "prefill{", "decode{",
       # vLLM's serving loop (V0 worker start_worker_execution_loop, V1 execute_model): a request's forward pass
-      "start_worker_execution_loop", "in execute_model", "async_llm_engine"), "compute_buffer"),
+      "start_worker_execution_loop", "in execute_model", "async_llm_engine", "Engine loop is not running"),
+     "compute_buffer"),
 )
 """Python engines' start-up steps (traceback frames and log words) -> the phase of an OOM raised inside them."""
 
@@ -772,6 +800,8 @@ ENGINE_WORDS = (("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"), ("TurboMind
                 ("llama_", "llama.cpp"), ("llm_load", "llama.cpp"),
                 # vLLM's process titles (V1 sets "VLLM::EngineCore", "VLLM::Worker_TP0"), as the kernel's OOM killer names them
                 ("VLLM::", "vllm"),
+                # vLLM V0's AsyncLLMEngine when its loop died ("Engine loop is not running. Inspect the stacktrace ...")
+                ("Engine loop is not running", "vllm"),
                 # ggml's own names in upper case and its C sources (GGML_ASSERT, "GGML backend", ggml.c, ggml-alloc.c)
                 ("GGML", "llama.cpp"), ("ggml.c", "llama.cpp"), ("common_fit_params", "llama.cpp"),
                 ("common_params_fit", "llama.cpp"),
@@ -808,9 +838,10 @@ FATAL = OomRule(
 KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in (*RULES, FATAL) for k in r.keywords}
                                          | {w for w, _ in ENGINE_WORDS} | {w for ws, _ in STAGES for w in ws}
                                          | {"current device:", "hipMalloc(", "metal_limit=", "kv_budget=",
-                                            "model_memory=", '"n_ctx": ', *_KV_POOL_WORDS}))
+                                            "model_memory=", '"n_ctx": ', "radv/amdgpu:", *_KV_POOL_WORDS}))
 """Every literal that selects a line for this layer (derived from :data:`RULES`, never kept by hand)."""
 
+_RADV_SIZE = re.compile(r"radv/amdgpu:\s+size\s*:\s*(\d+) bytes")
 _JSON_N_CTX = re.compile(r'\s*"n_ctx": (\d+),?\s*$')
 _KV_POOL = re.compile(r"Allocate (\d+) bytes for k/v cache|Allocated ([\d.]+) GiB for max tokens in paged KV cache")
 _CURRENT_DEVICE = re.compile(r"current device: (\d+)(?:, in function (\w+))?")
@@ -824,7 +855,8 @@ _NOT_FAILURES = re.compile(r"(?i)\b(?:not an? (?:oom|out[ _-]of[ _-]memory)|to a
 REQUEST_RULES = ("vllm-prompt-too-long", "openai-max-context", "sglang-input-too-long", "tgi-input-validation",
                  "ollama-input-too-long", "lmstudio-context-overflow", "llamacpp-prompt-too-long",
                  "llama-server-exceed-context", "exllama-seq-exceeds-cache", "llama-rn-context-full",
-                 "ollama-prompt-too-long", "input-length-context", "input-exceeds-max-context", "ort-genai-max-length")
+                 "ollama-prompt-too-long", "input-length-context", "input-exceeds-max-context", "ort-genai-max-length",
+                 "vllm-max-context")
 """The rules whose line says a request did not fit the context (refused, or the context filled up): the context is
 too small for the request, not the memory for the context."""
 HOST_RULES = ("oom-killer", "enomem", "bad-alloc", "python-memoryerror", "ios-jetsam", "windows-commit-limit",
@@ -834,7 +866,7 @@ HOST_RULES = ("oom-killer", "enomem", "bad-alloc", "python-memoryerror", "ios-je
 _BACKEND_WORDS = (("hip", "rocm"), ("rocm", "rocm"), ("rocblas", "rocm"), ("cuda", "cuda"), ("cublas", "cuda"),
                   ("musa", "musa"), ("vulkan", "vulkan"), ("vk", "vulkan"), ("metal", "metal"), ("mtl", "metal"),
                   ("sycl", "sycl"), ("xpu", "sycl"), ("opencl", "opencl"), ("cann", "cann"), ("npu", "cann"),
-                  ("openvino", "openvino"))
+                  ("openvino", "openvino"), ("mindie", "cann"))
 """Backend words in a failure line, each matched as a word or a word's prefix ("hipMalloc", "CUDA0", "ggml-cann",
 "npu:0"), never inside another word ("cannot" is not CANN, "ship" not HIP)."""
 _BACKEND_RX = re.compile(r"(?<![a-z])(" + "|".join(w for w, _ in _BACKEND_WORDS) + r")(?:malloc|blas|_|\d|(?![a-z]))")
@@ -910,6 +942,14 @@ def _side_line(f: LogFacts, line: str, lineno: int) -> bool:
     if "hipMalloc(" in line or "hipMallocManaged(" in line:
         _attach_call(f, line, lineno)
         return True
+    if "radv/amdgpu:" in line and "size" in line:
+        m = _RADV_SIZE.search(line)
+        if m:  # the size line under RADV's "Failed to allocate a buffer:" (radv_amdgpu_bo.c prints it next)
+            for ev in reversed(f.events[-3:]):
+                if ev["kind"] == "oom" and ev.get("rule") == "radv-alloc" and 0 < lineno - ev["lineno"] <= 2:
+                    ev["mib"] = int(m.group(1)) / 1048576.0
+                    break
+            return True
     if '"n_ctx": ' in line:
         m = _JSON_N_CTX.match(line)
         if m:  # LM Studio's load error JSON ("errorData": {"n_ctx": 1048576, ...}): the context it tried

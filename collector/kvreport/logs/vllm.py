@@ -29,7 +29,9 @@ _AVAIL = re.compile(r"Available KV cache memory:\s*(-?[\d.]+)\s*GiB|"
 _POOL = re.compile(r"GPU KV cache size:\s*([\d,]+)\s*tokens")
 _BLOCKS = re.compile(r"# (?:GPU|cuda|rocm|\w+) blocks:\s*(\d+)")
 _CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request:\s*([\d.]+)x")
-_V0_CAP = re.compile(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV cache \((\d+)\)")
+# (the words before the number are sometimes retyped -- "max sew len" -- the rest of the sentence is distinctive)
+_V0_CAP = re.compile(r"max \w{2,4} len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV cache "
+                     r"\((\d+)\)")
 # (the "max seq len " words may be on the line before when the message was wrapped; the line may be cut after "is
 # needed", then only the need is known)
 _V1_CAP = re.compile(r"(?:max seq len )?\((\d+)\),\s*\(?([\d.]+) Gi?B KV cache is needed(?:, which is larger than the "
@@ -111,7 +113,9 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
     _pool_lines(f, line)
     if _failure(f, line, lineno):
         return
-    if "Application startup complete" in line or "Starting vLLM API server" in line:
+    if "Starting vLLM API server" in line or ("Application startup complete" in line and f.engine_hints.get("vllm")):
+        # (uvicorn's "Application startup complete." is every FastAPI server's -- Lemonade, TGI's, an app's --: it is
+        # vLLM's success only in a log that is vLLM's)
         f.add_event("success", lineno, line)
 
 
@@ -148,7 +152,7 @@ def _v1_capacity(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
         v["estimated_max_len"] = int(m2.group(1))
     f.engine_hints["vllm"] += 3
     f.add_event("engine", lineno, line, engine="vllm", phase="kv_capacity", backend=_msg_backend(line),
-                requested_mib=v["kv_needed_mib"], free_mib=v.get("available_kv_mib"))
+                requested_mib=v["kv_needed_mib"], free_mib=v.get("available_kv_mib"), refused=True)
     f.final_error = line
     f.add_error(line)
 
