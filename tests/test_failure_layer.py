@@ -708,6 +708,9 @@ HUNT9 = [
 
 # rounds 7-8 (read for formats after they were scored): each a format, not a case
 HUNT9 += [
+    # 2023 llama.cpp printed the KV size in lower case and "MB" (MiB)
+    ("llama_new_context_with_model: kv self size  = 3200.00 MB\nCUDA error 2 at ggml-cuda.cu:6301: out of memory",
+     {"backend": "cuda"}),
     # RADV prints the refused size on the line after its "Failed to allocate a buffer:"
     ("radv/amdgpu: Failed to allocate a buffer:\nradv/amdgpu:    size      : 963379200 bytes\nradv/amdgpu:    alignment "
      ": 262144 bytes", {"backend": "vulkan", "requested_mib": 918.75}),

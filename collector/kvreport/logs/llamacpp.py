@@ -30,7 +30,8 @@ _OLD_KV_INIT = re.compile(
 _KV_SIZE = re.compile(
     r"(llama_kv_cache\w*|kv_cache\w*):\s+size\s*=\s*([\d.]+)\s*MiB\s*\(\s*(\d+)\s+cells,\s*(\d+)\s+layers"
     r"(?:,\s*(\d+)(?:/\s*(\d+))?\s+seqs)?\),\s*K\s*\(([\w.]+)\):\s*([\d.]+)\s*MiB,\s*V\s*\(([\w.]+)\):\s*([\d.]+)\s*MiB")
-_KV_SELF = re.compile(r"KV self size\s*=\s*([\d.]+)\s*MiB(?:,\s*\S+\s*\(([\w.]+)\):\s*([\d.]+)\s*MiB,\s*\S+\s*\(([\w.]+)\):\s*([\d.]+)\s*MiB)?")
+# (2023 builds: "llama_new_context_with_model: kv self size  = 3200.00 MB", MB meaning MiB)
+_KV_SELF = re.compile(r"(?:KV|kv) self size\s*=\s*([\d.]+)\s*Mi?B(?:,\s*\S+\s*\(([\w.]+)\):\s*([\d.]+)\s*MiB,\s*\S+\s*\(([\w.]+)\):\s*([\d.]+)\s*MiB)?")
 _RS_SIZE = re.compile(r"llama_(?:memory|kv_cache)_recurrent\w*:\s+size\s*=\s*([\d.]+)\s*MiB\s*\(\s*(\d+)\s+cells,\s*(\d+)\s+layers,\s*(\d+)\s+seqs")
 _ISWA = re.compile(r"creating\s+(non-SWA|SWA|main|indexer)\s+KV cache,\s*size\s*=\s*(\d+)\s+cells")
 _BUF = re.compile(r"(\w+):\s+(\S+)\s+(model|KV|RS|compute|output)\s+buffer size\s*=\s*([\d.]+)\s*MiB")
@@ -447,7 +448,7 @@ SECTIONS: tuple[Section, ...] = (
                                    "worst-case"), _ctx_params),
     Section("flash attention / SWA", ("Flash Attention", "using full-size SWA cache"), _flash_swa),
     Section("KV / RS cache sizes", ("cells",), _kv_sizes),
-    Section("old KV size", ("KV self size",), _kv_self),
+    Section("old KV size", ("KV self size", "kv self size"), _kv_self),
     Section("buffer sizes", ("buffer size",), _buffers),
     Section("free memory per device", ("MiB free",), _device_free),
     Section("device names (Vulkan, Metal, SYCL)", ("ggml_vulkan: ", "GPU name:", "found device:", ":gpu:"),
