@@ -82,6 +82,15 @@ def test_no_memory_suggestion_for_non_memory_failures():
     assert d["suggestions"] == []
 
 
+def test_a_crash_that_is_not_memory_gets_a_known_good_build_only():
+    # an assert in a new build (ggml-cuda.cu), as Ollama's journal shows it: not memory, not a setting
+    d = analyze_text("Jun 27 22:57:42 <host> systemd-ollama[44353]: /build/ggml/src/ggml-cuda/ggml-cuda.cu:813: "
+                     "GGML_ASSERT(tensor->nb[0] == ggml_element_size(tensor)) failed\n")
+    assert d["failure"]["phase"] == "unknown"
+    assert [x["id"] for x in d["suggestions"]] == ["bisect-regression"]
+    assert d["suggestions"][0]["change"] == {} and "GGML_ASSERT" in d["suggestions"][0]["expected"]
+
+
 def test_vllm_capacity_and_negative_pool():
     d = analyze_text("ERROR ValueError: To serve at least one request with the models's max seq len (32768), "
                      "(4.00 GiB KV cache is needed, which is larger than the available KV cache memory (2.00 GiB). "

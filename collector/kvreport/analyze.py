@@ -1425,7 +1425,7 @@ class _Diagnosis:
             device_total_mib=(f.devices.get(failure["failing_device"] or "") or {}).get("total_mib"),
             others_mib=getattr(self, "others_mib", None), torch_oom=getattr(self, "torch_oom", False),
             metal_plan=(self.oom_event or {}).get("metal_plan") or {}, engine_build=to_int(f.build),
-            kv_estimate_mib=f.ollama.get("kv_estimate_mib"))
+            kv_estimate_mib=f.ollama.get("kv_estimate_mib"), final_error=failure.get("final_error"))
 
 
 _CONTEXT_NOT_CREATED = re.compile(r"failed to create context|unable to create context|failed to create_context")

@@ -135,6 +135,9 @@ class Situation:
     """The engine setting that limit is, when the line names one other than its context setting (TGI's
     --max-input-tokens)."""
     kv_estimate_mib: float | None = None
+    final_error: str | None = None
+    """The line that ended the run (the diagnosis's ``final_error``): for a failure that is not about memory, whether
+    the engine crashed (:func:`crashed`)."""
     """The engine's own estimate of the KV cache in MiB, when it printed one (Ollama's ``memory.required.kv``)."""
     metal_plan: dict = field(default_factory=dict)
     """vllm-metal's budget breakdown (MiB; ``fraction`` as printed): metal_limit, model_memory, overhead, kv_budget."""
@@ -714,6 +717,15 @@ def _bisect(b: _Builder, rank: float) -> None:
           f"{_mib(s.requested_mib)} MiB requested with {_mib(s.free_at_failure_mib)} MiB free should have fit",
           "When the request is well under the free memory, suspect a backend limit or a regression: try the same "
           "configuration on an older build or another backend and report the known-good commit (playbook step 7).")
+
+
+def _bisect_crash(b: _Builder, rank: float) -> None:
+    b.add(rank, "bisect-regression", "Try a known-good build", {},
+          "the engine crashed on something that is not memory: "
+          + " ".join(str(b.s.final_error or "").split())[:160],
+          "A crash (an assert, a segfault, a lost device) is a bug of the engine or the driver, not a setting: run the "
+          "same command on the previous release (or another backend) and report the last build that works "
+          "(playbook step 7).")
 
 
 def _smaller_model(b: _Builder, rank: float) -> None:
@@ -1349,6 +1361,18 @@ def big_compute_unknown_ctx(s: Situation) -> bool:
         and (s.requested_mib or 0) >= 8192
 
 
+_CRASH = re.compile(r"GGML_ASSERT|ggml_abort|Segmentation fault|SIGSEGV|SIGABRT|core dumped|\bAborted\b|panic: |"
+                    r"terminate called|illegal memory access|ErrorDeviceLost|DEVICE_REMOVED|has crashed|"
+                    r"\b(?:0x[cC]0000409|0x[cC]0000005|-1073740791|-1073741819|3221226505|3221225477)\b")
+"""A crash: an assert, a fatal signal, a device lost -- the engine's own bug or the driver's, not the configuration."""
+
+
+def crashed(s: Situation) -> bool:
+    """A failure that is not about memory, ended by a crash (an assert, a segfault, an abort, a lost device): the
+    playbook's last step, an older known-good build, is the one fix that applies."""
+    return s.phase == "unknown" and not s.has_memory_event and bool(_CRASH.search(s.final_error or ""))
+
+
 def huge_ctx(s: Situation) -> bool:
     """An unplaced memory failure at a context of 32768 tokens or more: the context is the likely cause."""
     return (s.n_ctx or 0) >= 32768
@@ -1525,6 +1549,7 @@ RULES: tuple[Rule, ...] = (
     _r("reduce-parallel", LLAMA, "kv_capacity", always, 0, _slots_for_full_kv),
     _r("raise-ctx", LLAMA, "kv_capacity", not_request_refused, 0.5, _raise_ctx),
     _r("reduce-batch", LLAMA, "kv_capacity", not_request_refused, 1, _reduce_batch),
+    _r("bisect-regression", LLAMA, _UNK, crashed, -1, _bisect_crash),
     _r("reduce-ctx", LLAMA, _UNK, huge_ctx, 0, _reduce_ctx),
     _r("quantize-kv-cache", LLAMA, _UNK, huge_ctx, 1, _quantize),
     _r("reduce-gpu-layers", LLAMA, _UNK, huge_ctx_on_gpu, 2, _reduce_layers_sized),
@@ -1555,6 +1580,7 @@ RULES: tuple[Rule, ...] = (
     _r("smaller-model-or-quant", PYTHON, ("kv_capacity", "kv_cache"), util_cannot_grow, 2.5, _smaller_model),
     _r("more-devices", PYTHON, ("kv_capacity", "kv_cache"), util_cannot_grow, 3, _py_more_devices),
     _r("work-around-alloc-limit", PYTHON, _CB, fixed_workspace, -1, _py_workspace),
+    _r("bisect-regression", PYTHON, _UNK, crashed, -1, _bisect_crash),
     _r("reduce-max-model-len", PYTHON, _UNK, activation_oom, 0, _py_act_max_len),
     _r("reduce-batch", PYTHON, _CB, activation_oom, 0, _py_act_batch),
     _r("reduce-batch", PYTHON, _UNK, activation_oom, 1, _py_act_batch),
@@ -1565,6 +1591,7 @@ RULES: tuple[Rule, ...] = (
     _r("smaller-model-or-quant", PYTHON, "model_weights", always, 0, _smaller_model),
     _r("more-devices", PYTHON, "model_weights", always, 1, _py_more_devices),
     # mlx-lm and its front-ends (LM Studio's MLX engine, vMLX, mlx-omni-server): their own knobs
+    _r("bisect-regression", MLX, _UNK, crashed, -1, _bisect_crash),
     _r("reduce-batch", MLX, _ACT, mlx_over_limit, 0, _mlx_prefill),
     _r("reduce-ctx", MLX, _ACT, mlx_over_limit, 1, _mlx_max_kv),
     _r("raise-ctx", MLX, "kv_capacity", request_refused, -1, _raise_ctx),
@@ -1605,7 +1632,8 @@ def suggest_explained(s: Situation, limit: int = 4) -> tuple[list[dict], list[di
     ``{"id", "rank", "rule"}`` (``rule``: "#N family phases when=condition build=builder", as docs/fix-rules.md
     numbers the rows)."""
     b = _Builder(s)
-    if s.phase not in MEMORY_PHASES and not (s.phase == "unknown" and (s.has_memory_event or s.engine == "tgi")):
+    if s.phase not in MEMORY_PHASES and not (s.phase == "unknown" and (s.has_memory_event or s.engine == "tgi"
+                                                                       or crashed(s))):
         return [], []
     fam = family_of(s)
     for i, rule in enumerate(RULES, 1):
