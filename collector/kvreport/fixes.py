@@ -1636,7 +1636,10 @@ def suggest_explained(s: Situation, limit: int = 4) -> tuple[list[dict], list[di
                                                                        or crashed(s))):
         return [], []
     fam = family_of(s)
+    crash = crashed(s)  # not memory: no memory fix, only the crash's own row
     for i, rule in enumerate(RULES, 1):
+        if crash and rule.when is not crashed:
+            continue
         if rule.family == fam and s.phase in rule.phases and rule.when(s):
             b.rule = f"#{i} {rule.family} {'/'.join(rule.phases)} when={rule.when.__name__} build={rule.build.__name__}"
             rule.build(b, rule.rank)
