@@ -708,6 +708,25 @@ HUNT9 = [
 
 # rounds 7-8 (read for formats after they were scored): each a format, not a case
 HUNT9 += [
+    # phase placement (format hunt gf): an op of the running graph (cuBLAS), llama-context's graph allocation while
+    # serving, TGI's shard loading weights, LMDeploy's paged KV cache, SGLang's pool with its torch sizes
+    ("slot update_slots: id  0 | task 0 | prompt processing progress, n_tokens = 2048\nCUDA error: out of memory\n"
+     "  current device: 1, in function ggml_cuda_op_mul_mat_cublas at /app/ggml/src/ggml-cuda/ggml-cuda.cu:1363",
+     {"phase": "compute_buffer", "failing_device": "CUDA1"}),
+    ("process_ubatch: failed to allocate graph\nsrv  update_slots: Compute error. i = 0, n_batch = 4096, ret = -2",
+     {"phase": "compute_buffer"}),
+    ('  File "/usr/src/server/text_generation_server/models/__init__.py", line 1142, in get_model\n'
+     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 448.00 MiB. GPU 1 has a total capacity of 39.39 GiB "
+     "of which 201.06 MiB is free.", {"phase": "model_weights", "failing_device": "CUDA1"}),
+    ('  File "/opt/lmdeploy/pytorch/engine/cache_engine.py", line 205, in allocate_gpu_cache\n'
+     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 10.98 GiB. GPU 0 has a total capacity of 23.55 GiB "
+     "of which 9.72 GiB is free.", {"phase": "kv_cache", "requested_mib": 11243.52}),
+    ("[2026-03-02 10:30:42 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+     '  File "/usr/lib/python3.12/dist-packages/sglang/srt/mem_cache/memory_pool.py", line 607, in _create_buffers\n'
+     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 108.00 MiB. GPU 0 has a total capacity of 23.54 GiB "
+     "of which 52.44 MiB is free.", {"phase": "kv_cache", "requested_mib": 108.0, "free_mib": 52.44}),
+    ("ggml_metal_graph_compute: backend is in error state from a previous command buffer failure - recreate the "
+     "backend to recover", {"phase": "unknown"}),
     # 2023 llama.cpp printed the KV size in lower case and "MB" (MiB)
     ("llama_new_context_with_model: kv self size  = 3200.00 MB\nCUDA error 2 at ggml-cuda.cu:6301: out of memory",
      {"backend": "cuda"}),

@@ -559,9 +559,9 @@ class _Diagnosis:
 
     def _sizes_from_torch(self, out: dict, ev: dict, real: list[dict]) -> None:
         """An engine's own OOM line without sizes (TGI's "Not enough memory to handle N prefill tokens", raised from
-        the torch OutOfMemoryError just above it) takes the request, the free memory and the device from that torch
+        the torch OutOfMemoryError just above it, or SGLang's step read on the torch line itself) takes the request, the free memory and the device from that torch
         line when it is within the few lines before."""
-        torch = [e for e in real if 0 < ev["lineno"] - e["lineno"] <= 5 and (
+        torch = [e for e in real if e is not ev and 0 <= ev["lineno"] - e["lineno"] <= 5 and (
             (e["kind"] == "oom" and e.get("rule") == "torch-oom" and e.get("mib"))
             or (e["kind"] == "engine" and e.get("torch_oom") and e.get("requested_mib")))]
         if not torch:
@@ -593,8 +593,10 @@ class _Diagnosis:
         fn = ev.get("function") or ""
         if ev.get("phase_hint"):
             return ev["phase_hint"]  # the buffer the line names (ggml-metal's 'data' / 'kv' / 'eval' buffers)
-        if fn.startswith("ggml_cuda_pool") or fn == "alloc" or fn.startswith("ggml_cuda_graph"):
-            return "compute_buffer"  # the scratch pools; a CUDA graph's capture / instantiate (cudaGraphInstantiate)
+        if fn.startswith(("ggml_cuda_pool", "ggml_cuda_graph", "ggml_cuda_op_", "ggml_cuda_mul_mat",
+                          "ggml_cuda_compute_forward")) or fn == "alloc":
+            # the scratch pools; a CUDA graph's capture / instantiate; an op of the running graph (cuBLAS's workspace)
+            return "compute_buffer"
         if ev.get("py_stage"):
             return ev["py_stage"]  # a Python engine's start-up step (traceback frames, log words)
         # llama.cpp's own stage when the error came: still loading the weights, or creating the context; once the

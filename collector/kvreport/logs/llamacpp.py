@@ -105,7 +105,10 @@ _NOT_ENOUGH = re.compile(r"not enough space in the buffer (?:to allocate (?P<dyn
 _REASONS = (
     (re.compile(r"failed to allocate buffer for (?:the )?kv cache|llama_kv_cache_init\(\) failed|failed to initialize self-attention cache"), "kv_cache"),
     (re.compile(r"failed to allocate buffer for (?:the )?rs cache|failed to initialize (?:the )?recurrent"), "kv_cache"),
-    (re.compile(r"failed to allocate compute (?:pp |tg )?buf|failed to reserve compute|failed to allocate the compute buffer"), "compute_buffer"),
+    # (llama-context.cpp process_ubatch, 2025+: "failed to allocate graph" when the scheduler cannot allocate a
+    # batch's graph; the server then answers "Compute error.")
+    (re.compile(r"failed to allocate compute (?:pp |tg )?buf|failed to reserve compute|failed to allocate the compute buffer|"
+                r"process_ubatch: failed to allocate graph"), "compute_buffer"),
     (re.compile(r"unable to allocate (?:\S+ )?buffer|unable to allocate backend buffer|mmap failed: Cannot allocate memory|error loading model: .*(?:out of (?:device |host )?memory|Cannot allocate memory|failed to allocate|"
                 r"OutOf(?:Device|Host)Memory|OUT_OF_(?:DEVICE|HOST)_MEMORY)"), "model_weights"),
     (re.compile(r"memory layout cannot be allocated"), "context"),

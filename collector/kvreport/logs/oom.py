@@ -769,11 +769,13 @@ STAGES = (
       "determine_available_memory", "warmup", "warm_up", "Warming up", "def warmup", "Warmup failed"), "compute_buffer"),
     # (SGLang's KV pools: mem_cache/memory_pool.py _create_buffers "self.kv_buffer = torch.zeros(", the NPU one too)
     (("initialize_kv_cache", "_allocate_kv_cache", "allocate_kv_cache", "init_memory_pool", "_init_cache_engine",
-      "CacheEngine(", "_create_buffers", "kv_buffer = "), "kv_cache"),
+      "CacheEngine(", "_create_buffers", "kv_buffer = ", "allocate_gpu_cache"), "kv_cache"),
     # transformers' from_pretrained (_load_pretrained_model) and safetensors' loader (safetensors/torch.py load_file,
     # get_tensor) read the weights
     (("load_model", "load_weights", "weight_loader", "Loading weights", "Loading model weights",
-      "Loading safetensors", "model_loader", "_load_pretrained_model", "safetensors"), "model_weights"),
+      "Loading safetensors", "model_loader", "_load_pretrained_model", "safetensors",
+      # TGI's shard loading its weights (models/__init__.py get_model, layers' weights.get_multi_weights_col/_sharded)
+      "in get_model", "get_multi_weights", "get_sharded"), "model_weights"),
     # mlx-lm / mlx-vlm / LM Studio's mlx_engine (generate.py, server.py): evaluating the prompt cache's state is the
     # KV cache; prefill steps and generation are activations
     (("prompt_cache", "prompt cache"), "kv_cache"),
@@ -819,14 +821,16 @@ FATAL = OomRule(
                     "0xc0000409", "0xC0000409", "0xc0000005", "0xC0000005", "-1073740791", "-1073741819", "3221226505",
                     "3221225477",
                     # DirectX's device removed / hung (a GPU reset: TDR), NVIDIA's Xid reports, amdgpu's VM faults
-                    "887A0005", "887A0006", "DXGI_ERROR_DEVICE_", "NVRM: Xid", "amdgpu: [gfxhub", "VM_L2_PROTECTION_FAULT"),
+                    "887A0005", "887A0006", "DXGI_ERROR_DEVICE_", "NVRM: Xid", "amdgpu: [gfxhub", "VM_L2_PROTECTION_FAULT",
+                    # ggml-metal (2026): after one command buffer failed, every later graph is refused
+                    "backend is in error state"),
     re.compile(r"panic: |Traceback \(most recent call last\)|terminate called after throwing|Segmentation fault|"
                r"core dumped|\bAborted\b|\bFATAL\b|[Ff]atal error|GGML_ASSERT|ggml_abort|exit status -?\d|"
                r"exited with (?:code|status) -?[1-9]|level=ERROR|ShardCannotStart|failed to start|"
                r"(?:^(?:\S+ ){0,3}?|\] )\w*(?:Error|Exception): |^\W{0,3}error: |\b(?:CUDA|SYCL|CANN|HIP|ROCm|MUSA) error\b|"
                r"\b(?:0x[cC]000040[9]|0x[cC]0000005|-1073740791|-1073741819|3221226505|3221225477)\b|"
                r"\b887A000[56]\b|DXGI_ERROR_DEVICE_(?:REMOVED|HUNG|RESET)|NVRM: Xid \(|amdgpu: \[gfxhub\S*\] page fault|"
-               r"VM_L2_PROTECTION_FAULT|"
+               r"VM_L2_PROTECTION_FAULT|backend is in error state|"
                r"\bcuBLAS error \d+|"
                r"illegal memory access|\bhas crashed\b|\(Exit code: -?\d+\)"
                # glibc backtrace_symbols: "/usr/lib/libllama.so(llama_decode+0xc)[0x7f15...]"
