@@ -167,6 +167,8 @@ EXAMPLES = [
                              "`inputs` tokens and 60 `max_new_tokens`", None, "kv_capacity"),  # llm-vscode#94
     ("ollama-input-too-long", '{ "error": "input length exceeds maximum context length", "status_code": 400 }', None,
      "kv_capacity"),  # n8n#11144
+    ("lmstudio-tokens-to-keep", "The number of tokens to keep from the initial prompt is greater than the context "
+                                "length. Try to load the model with a larger context length", None, "kv_capacity"),
     ("lmstudio-context-overflow", "Trying to keep the first 111490 tokens when context the overflows. However, the "
                                   "model is loaded with context length of only 32768 tokens, which is not enough.",
      None, "kv_capacity"),  # lmstudio-bug-tracker#546
@@ -190,7 +192,7 @@ EXAMPLES = [
                                  "beam_width (1) * tokensPerBlock (64) * maxBlocksPerSeq (16))", None,
      "kv_capacity"),  # cortex.cpp#981
     ("vllm-memory-profiling", "AssertionError: Error in memory profiling. Initial free memory 8.46 GiB, current free "
-                              "memory 12.98 GiB.", None, "memory_budget"),  # ms-swift#3241
+                              "memory 12.98 GiB.", None, "unknown"),  # ms-swift#3241: a check, not a shortage
     ("jetson-nvmap", "NvMapMemAllocInternalTagged: 1075072515 error 12", "cuda", "unknown"),  # llama.cpp#23732
     ("windows-commit-limit", "OSError: The paging file is too small for this operation to complete. (os error 1455)",
      "cpu", "unknown"),  # ComfyUI#8065
@@ -727,6 +729,19 @@ HUNT9 += [
      "of which 52.44 MiB is free.", {"phase": "kv_cache", "requested_mib": 108.0, "free_mib": 52.44}),
     ("ggml_metal_graph_compute: backend is in error state from a previous command buffer failure - recreate the "
      "backend to recover", {"phase": "unknown"}),
+    # round 12 tuning share: LM Studio's context refusal, an app's load that died, Ollama's crashed runner beside an
+    # amdgpu page fault (dmesg form), ds4's weights arena with its size in parentheses, vLLM's finished weight load
+    ("[context_fit][WARNING]: Model context auto-fit calculated 0 tokens; using the 4,096 token minimum\n"
+     "number of tokens to keep from the initial prompt is greater than the context length", {"phase": "kv_capacity"}),
+    ("Failed to load LLM 'qwen2.5-14b-instruct': Error: Engine protocol startup was aborted.", {"phase": "unknown"}),
+    ("amdgpu 0000:e5:00.0: [gfxhub] page fault at address 0x0000 from client 0x1b (UTCL2)\n"
+     'error="runner crashed" detail="error: Cannot read TensileLibrary.dat: Illegal seek for GPU arch : gfx1035"',
+     {"phase": "unknown"}),
+    ("ds4: ROCm preparing model tensor mappings: 58.56 GiB\nds4: ROCm model arena alloc failed for tensor-span:105 "
+     "(1792.00 MiB chunk): out of memory", {"phase": "model_weights", "requested_mib": 1792.0}),
+    ("INFO 01-02 02:07:12 model_runner.py:1099] Loading model weights took 16.9583 GB\n"
+     "ERROR 01-02 02:39:17 worker_base.py:467] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 380.00 MiB. "
+     "GPU 0 has a total capacity of 23.64 GiB of which 14.81 MiB is free.", {"phase": "compute_buffer"}),
     # 2023 llama.cpp printed the KV size in lower case and "MB" (MiB)
     ("llama_new_context_with_model: kv self size  = 3200.00 MB\nCUDA error 2 at ggml-cuda.cu:6301: out of memory",
      {"backend": "cuda"}),

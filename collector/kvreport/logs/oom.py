@@ -596,6 +596,11 @@ RULES: tuple[OomRule, ...] = (
                        r"loaded with context length of only (?P<m>\d+) tokens"), None,
             "LM Studio's context overflow policy refusal (lmstudio-bug-tracker#546, #237)", phase="kv_capacity",
             read=lambda m: _tokens(m)),
+    # -- LM Studio (llama.cpp and MLX engines, 2024-26): "The number of tokens to keep from the initial prompt is greater
+    #    than the context length. Try to load the model with a larger context length, or provide a shorter input"
+    OomRule("lmstudio-tokens-to-keep", ("tokens to keep from the initial prompt",),
+            re.compile(r"(?i:number of tokens to keep from the initial prompt is greater than the context length)"), None,
+            "LM Studio's context refusal (lmstudio-ai/mlx-engine#366)", phase="kv_capacity"),
     OomRule("llamacpp-prompt-too-long", ("prompt is too long (", "exceed context window of"),
             re.compile(r"prompt is too long \((?P<n>\d+) tokens, max (?P<m>\d+)\)|Requested tokens \((?P<n2>\d+)\) "
                        r"exceed context window of (?P<m2>\d+)"), None,
@@ -617,11 +622,13 @@ RULES: tuple[OomRule, ...] = (
                        r"sequence"), None, "TensorRT-LLM kvCacheManager.cpp", phase="kv_capacity"),
     # -- vLLM's start-up profiling saw free memory change under it (another process allocated or released memory):
     #    "Error in memory profiling. Initial free memory X GiB, current free memory Y GiB" (gpu_worker.py
-    #    determine_available_memory; vllm#55169): its budget could not be measured, it refused to start
+    #    determine_available_memory; vllm#55169): its budget could not be measured, it refused to start -- a failure,
+    #    not about memory running out (phase unknown, as the reports' threads establish)
     OomRule("vllm-memory-profiling", ("Error in memory profiling",),
             re.compile(r"Error in memory profiling\. Initial free memory ([\d.]+) ?GiB, current free memory ([\d.]+) ?GiB"),
-            None, "vllm v1/worker/gpu_worker.py determine_available_memory (vllm#55169)", phase="memory_budget",
-            engine="vllm"),
+            None, "vllm v1/worker/gpu_worker.py determine_available_memory (vllm#55169); a consistency check (free memory "
+            "did not drop, or rose, while profiling: another process or a GPU-sharing layer), not a shortage",
+            engine="vllm", memory=False),
     # -- Jetson (Tegra unified memory): the NvMap allocator's "NvMapMemAllocInternalTagged: <flags> error 12" (ENOMEM)
     #    before CUDA's own out-of-memory (llama.cpp#23732)
     OomRule("jetson-nvmap", ("NvMapMemAlloc",), re.compile(r"NvMapMemAlloc\w*: \d+ error 12\b"), "cuda",
@@ -775,7 +782,9 @@ STAGES = (
     (("load_model", "load_weights", "weight_loader", "Loading weights", "Loading model weights",
       "Loading safetensors", "model_loader", "_load_pretrained_model", "safetensors",
       # TGI's shard loading its weights (models/__init__.py get_model, layers' weights.get_multi_weights_col/_sharded)
-      "in get_model", "get_multi_weights", "get_sharded"), "model_weights"),
+      "in get_model", "get_multi_weights", "get_sharded",
+      # ds4 (2026): "ROCm preparing model tensor mappings", "failed to prepare model tensor span"
+      "preparing model tensor", "prepare model tensor"), "model_weights"),
     # mlx-lm / mlx-vlm / LM Studio's mlx_engine (generate.py, server.py): evaluating the prompt cache's state is the
     # KV cache; prefill steps and generation are activations
     (("prompt_cache", "prompt cache"), "kv_cache"),
@@ -821,7 +830,9 @@ FATAL = OomRule(
                     "0xc0000409", "0xC0000409", "0xc0000005", "0xC0000005", "-1073740791", "-1073741819", "3221226505",
                     "3221225477",
                     # DirectX's device removed / hung (a GPU reset: TDR), NVIDIA's Xid reports, amdgpu's VM faults
-                    "887A0005", "887A0006", "DXGI_ERROR_DEVICE_", "NVRM: Xid", "amdgpu: [gfxhub", "VM_L2_PROTECTION_FAULT",
+                    "887A0005", "887A0006", "DXGI_ERROR_DEVICE_", "NVRM: Xid", "[gfxhub", "VM_L2_PROTECTION_FAULT",
+                    # an app's or Ollama's words for a load or runner that died
+                    "Failed to load LLM", "runner crashed",
                     # ggml-metal (2026): after one command buffer failed, every later graph is refused
                     "backend is in error state"),
     re.compile(r"panic: |Traceback \(most recent call last\)|terminate called after throwing|Segmentation fault|"
@@ -829,7 +840,8 @@ FATAL = OomRule(
                r"exited with (?:code|status) -?[1-9]|level=ERROR|ShardCannotStart|failed to start|"
                r"(?:^(?:\S+ ){0,3}?|\] )\w*(?:Error|Exception): |^\W{0,3}error: |\b(?:CUDA|SYCL|CANN|HIP|ROCm|MUSA) error\b|"
                r"\b(?:0x[cC]000040[9]|0x[cC]0000005|-1073740791|-1073741819|3221226505|3221225477)\b|"
-               r"\b887A000[56]\b|DXGI_ERROR_DEVICE_(?:REMOVED|HUNG|RESET)|NVRM: Xid \(|amdgpu: \[gfxhub\S*\] page fault|"
+               r"\b887A000[56]\b|DXGI_ERROR_DEVICE_(?:REMOVED|HUNG|RESET)|NVRM: Xid \(|amdgpu[ :][^\[\n]{0,40}\[gfxhub\S*\] page fault|"
+               r"Failed to load LLM\b|\brunner crashed\b|"
                r"VM_L2_PROTECTION_FAULT|backend is in error state|"
                r"\bcuBLAS error \d+|"
                r"illegal memory access|\bhas crashed\b|\(Exit code: -?\d+\)"
@@ -852,6 +864,8 @@ _CURRENT_DEVICE = re.compile(r"current device: (\d+)(?:, in function (\w+))?")
 _LOG_LEVEL_INFO = re.compile(r"(?:^|[\s\[\]|)])(?:INFO|DEBUG|level=INFO|level=DEBUG)\b")
 # "allocating 5.16 GiB", "allocating 2,147,483,648 bytes" (CuPy), "trying to allocate 17179869184 bytes" (XLA),
 # "allocate memory for requested buffer of size 939524096" (ONNX Runtime's arena: bytes)
+_NET_SIZE_PAREN = re.compile(r"(?i)alloc\w* failed for [^()\n]{0,60}\(([\d.]+) ?([KMGT]i?B)\b")
+"""ds4's "ROCm model arena alloc failed for tensor-span:128 (1792.00 MiB chunk)": the size in parentheses."""
 _NET_SIZE = re.compile(r"(?i)allocat\w*\s+(?:(?:memory for requested buffer of size|request for)\s+)?"
                        r"(\d{1,3}(?:,\d{3})+|[\d.]+)\s*([KMGT]i?B\b|bytes\b|(?=[\s.,;)]|$))")
 _NOT_FAILURES = re.compile(r"(?i)\b(?:not an? (?:oom|out[ _-]of[ _-]memory)|to avoid|avoid(?:s|ing)? (?:an? )?(?:oom|out of memory)|may run out|might run out|"
@@ -860,7 +874,7 @@ REQUEST_RULES = ("vllm-prompt-too-long", "openai-max-context", "sglang-input-too
                  "ollama-input-too-long", "lmstudio-context-overflow", "llamacpp-prompt-too-long",
                  "llama-server-exceed-context", "exllama-seq-exceeds-cache", "llama-rn-context-full",
                  "ollama-prompt-too-long", "input-length-context", "input-exceeds-max-context", "ort-genai-max-length",
-                 "vllm-max-context")
+                 "vllm-max-context", "lmstudio-tokens-to-keep")
 """The rules whose line says a request did not fit the context (refused, or the context filled up): the context is
 too small for the request, not the memory for the context."""
 HOST_RULES = ("oom-killer", "enomem", "bad-alloc", "python-memoryerror", "ios-jetsam", "windows-commit-limit",
@@ -892,7 +906,7 @@ def _net_data(line: str) -> dict | None:
     5.16 GiB"); None for advice, usage text, or an INFO/DEBUG record that only mentions memory errors."""
     if _NOT_FAILURES.search(line) or _LOG_LEVEL_INFO.search(line[:120]):
         return None
-    size = _NET_SIZE.search(line)
+    size = _NET_SIZE.search(line) or _NET_SIZE_PAREN.search(line)
     if not size or (not size.group(2) and "buffer of size" not in size.group(0)):
         return {}  # a bare number is bytes only after "buffer of size" (ONNX Runtime's arena)
     return {"mib": _mib(size.group(1).replace(",", ""), size.group(2) if size.group(2) != "bytes" else None)}
@@ -916,7 +930,9 @@ def stage_of(line: str, present: frozenset[str] | None = None) -> str | None:
     if present:
         for words, phase in STAGES:
             if not present.isdisjoint(words):
-                return phase
+                # a step reported as finished ("Loading model weights took 16.96 GB", "Model loading took ...") is
+                # not the step an error after it came in
+                return None if phase == "model_weights" and " took " in line else phase
     return None
 
 
