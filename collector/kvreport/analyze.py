@@ -494,6 +494,9 @@ class _Diagnosis:
             self.finding("unrecognized_memory_error", "this line says memory could not be had, but kvreport does not "
                          "know its format fully: the phase is unknown and only what the line itself says is used",
                          ev["line"])
+        elif ev.get("rule") in REQUEST_RULES:
+            self.finding("request_refused", "a request longer than the context was refused (no allocation failed: the "
+                         "context, and the KV cache sized for it, is too small for the request)", ev["line"])
         else:
             self.finding("memory_error", "an out-of-memory error of the runtime" + (
                 "; the log does not name the buffer it was for" if out["phase"] == "unknown" else "")
@@ -542,12 +545,12 @@ class _Diagnosis:
         out["requested_mib"] = _r2(ev.get("requested_mib"))
         out["free_mib"] = _r2(ev.get("free_mib"))
         out["allocator_error"] = ev["line"] if ev.get("torch_oom") else None
+        self.torch_oom = bool(ev.get("torch_oom"))
         if out["requested_mib"] is None and ev.get("phase") in ("compute_buffer", "model_weights", "kv_cache"):
             self._sizes_from_torch(out, ev, real)
         out["final_error"] = self.f.final_error or ev["line"]
         self.has_memory_event = True
         self.others_mib = ev.get("others_mib")
-        self.torch_oom = bool(ev.get("torch_oom"))
 
     @staticmethod
     def _rocm_platform(out: dict) -> None:
@@ -571,6 +574,7 @@ class _Diagnosis:
         out["requested_mib"] = _r2(t["mib"])
         out["free_mib"] = out["free_mib"] if out["free_mib"] is not None else _r2(t.get("free_mib"))
         out["allocator_error"] = t["line"]
+        self.torch_oom = True
         if not out["failing_device"] and t.get("device_index") is not None and out["backend"] in ("cuda", "rocm"):
             out["failing_device"] = f"{'ROCm' if out['backend'] == 'rocm' else 'CUDA'}{t['device_index']}"
 
@@ -1241,7 +1245,8 @@ class _Diagnosis:
             # the process cap, not the machine's RAM, bounds a host KV (an upper bound: the cap also counts the
             # program and the weights)
             free = min(free, self.mem_limit[0])
-        if failure["phase"] == "kv_cache":
+        if failure["phase"] == "kv_cache" and not getattr(self, "torch_oom", False):
+            # (a Python engine's KV pool that torch failed to allocate has no llama.cpp compute buffer after it)
             # leave room for the compute buffer llama.cpp allocates on the same device right after the KV: the one
             # the log printed for that device (real attempt, else the fit dry run), else llama.cpp's --fit target
             # margin (-fitt, 1024 MiB; kvreport.fit.DEFAULT_HEADROOM_MIB), as ``kvreport fit`` does

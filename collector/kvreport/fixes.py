@@ -199,6 +199,10 @@ def _command(s: Situation, change: dict) -> str | None:
     flag_changes = {k: v for k, v in change.items() if k.startswith("-") or k.isupper()}
     if not flag_changes:
         return None
+    if _is_ollama(s) and all(k.isupper() for k in flag_changes) and _ollama_client(s):
+        # Ollama's OLLAMA_* settings are the server's: on a client command (ollama run / pull / ...) they do nothing,
+        # the server must be restarted with them
+        return " ".join(f"{k}={v}" for k, v in flag_changes.items()) + " ollama serve"
     try:
         from kvreport.cmdline import parse_command, with_changes
 
@@ -661,6 +665,14 @@ def _host_cap_failure(s: Situation) -> bool:
 _ULIMIT = re.compile(r"ulimit\s+(?:-\w*\s+)*-(?:[a-zA-Z]*v)\s+(\d+)")
 
 
+def _ollama_client(s: Situation) -> bool:
+    """The command is an Ollama client subcommand (``ollama run``, ``ollama pull``...), not the server."""
+    argv = [str(a) for a in (s.command or {}).get("argv") or _command_text(s).split()]
+    words = [a for a in argv if "=" not in a or a.startswith("-")]  # leading VAR=value words left out
+    i = next((n for n, a in enumerate(words) if a.rsplit("/", 1)[-1] in ("ollama", "ollama.exe")), None)
+    return i is not None and i + 1 < len(words) and words[i + 1] != "serve"
+
+
 def _command_text(s: Situation) -> str:
     c = s.command or {}
     if c.get("line"):
@@ -742,6 +754,8 @@ def _slots_for_full_kv(b: _Builder, rank: float) -> None:
     """The KV cache filled up while serving (no slot for a batch): each of N parallel sequences owns n_ctx / N of
     it, so one sequence gets the whole context (or -c must grow)."""
     s = b.s
+    if _is_ollama(s) and request_refused(s):
+        return  # Ollama's slots each get the whole num_ctx: fewer of them do not make a long request fit
     unset_ollama = _is_ollama(s) and not s.n_seq_known  # OLLAMA_NUM_PARALLEL unset: up to 4 slots (0.2 and later)
     if (not s.n_seq or s.n_seq <= 1) and not unset_ollama:
         return  # one slot already, or the slot count is not in the log: no change to name
@@ -769,11 +783,14 @@ def _raise_ctx(b: _Builder, rank: float) -> None:
     setting = eng.setting("context") if eng else None
     word = s.limit_setting or (setting.word if setting else "the context length setting")
     if s.request_tokens is None:
+        # llama-server splits -c between its slots; Ollama gives every slot the whole num_ctx (its runner's context is
+        # num_ctx x OLLAMA_NUM_PARALLEL), so fewer slots do not give a request more room there
+        shares = s.engine == "llama.cpp"
         b.add(rank, "raise-ctx", "Give the context more room", {},
-              "the log does not show how many tokens the request needs: raise " + word + " (or serve fewer requests "
-              "at a time) until it fits, or send shorter requests",
+              "the log does not show how many tokens the request needs: raise " + word
+              + (" (or serve fewer requests at a time)" if shares else "") + " until it fits, or send shorter requests",
               "The context (the KV cache) filled up or was too small for the request; the engine itself asks for a "
-              "larger context. Each parallel slot owns its share of it.")
+              "larger context." + (" Each parallel slot owns its share of it." if shares else ""))
         return
     slots = s.n_seq if (s.engine == "llama.cpp" and s.n_seq and s.n_seq > 1) else 1
     target = -(-s.request_tokens // 256) * 256 * slots
@@ -792,7 +809,10 @@ def _raise_ctx(b: _Builder, rank: float) -> None:
           + ("; whether its KV fits the free memory is not known from this log (kvreport fit --model checks it)"
              if fit is None else f"; its KV fits ({_tok(fit)} tokens would)"),
           "The engine refused a request longer than its context: nothing ran out of memory, the context is too "
-          "small for it. A larger context costs KV memory in proportion; the other way out is a shorter request.")
+          "small for it. A larger context costs KV memory in proportion; the other way out is a shorter request. "
+          "Above the model's trained context length the model needs RoPE scaling to stay coherent"
+          + (", and vLLM refuses such a --max-model-len unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set"
+             if s.engine == "vllm" else "") + ".")
 
 
 def _mlx_max_kv(b: _Builder, rank: float) -> None:
@@ -833,11 +853,16 @@ def _py_knobs(s: Situation) -> dict:
     the log."""
     sg, lmd = s.engine == "sglang", s.engine == "lmdeploy"
     v = s.vllm or {}
+    if s.engine == "tgi":  # text-generation-launcher: its fraction, total tokens, batch size, prefill tokens
+        return {"sg": False, "lmd": False, "tgi": True, "util": s.flags.get("cuda_memory_fraction"),
+                "util_flag": "--cuda-memory-fraction", "len_flag": "--max-total-tokens", "seqs_flag": "--max-batch-size",
+                "batch_flag": "--max-batch-prefill-tokens", "max_len": s.flags.get("max_total_tokens"),
+                "fp8": "fp8_e4m3fn"}
     if lmd:  # TurboMind / PyTorch engine: KV = cache_max_entry_count x the free memory after the weights
         return {"sg": False, "lmd": True, "util": s.flags.get("cache_max_entry_count"),
                 "util_flag": "--cache-max-entry-count", "len_flag": "--session-len", "seqs_flag": "--max-batch-size",
-                "batch_flag": "--max-prefill-token-num", "max_len": s.flags.get("session_len")}
-    return {"sg": sg, "lmd": False, "util": s.flags.get("mem_fraction_static" if sg else "gpu_memory_utilization"),
+                "batch_flag": "--max-prefill-token-num", "max_len": s.flags.get("session_len"), "fp8": None}
+    return {"sg": sg, "lmd": False, "fp8": "fp8", "util": s.flags.get("mem_fraction_static" if sg else "gpu_memory_utilization"),
             "util_flag": "--mem-fraction-static" if sg else "--gpu-memory-utilization",
             "len_flag": "--context-length" if sg else "--max-model-len",
             "seqs_flag": "--max-running-requests" if sg else "--max-num-seqs",
@@ -877,7 +902,10 @@ def _py_cur_util(s: Situation):
         "mem_fraction_static")
     if isinstance(gate, (int, float)):
         return gate
-    # vLLM's default is 0.9 and LMDeploy's 0.8; SGLang computes its own when unset, so without the value no number
+    # vLLM's default is 0.9, LMDeploy's 0.8, TGI's --cuda-memory-fraction 1.0; SGLang computes its own when unset, so
+    # without the value no number
+    if k.get("tgi"):
+        return 1.0
     return 0.8 if k["lmd"] else (0.9 if not k["sg"] else None)
 
 
@@ -1006,13 +1034,13 @@ def _py_fp8(b: _Builder, rank: float) -> None:
         if not max_len or new_len <= 0 or new_len >= int(max_len) or not k["len_flag"]:
             return
         b.add(rank, "quantize-kv-cache", f"Store the KV cache as fp8 with {k['len_flag']} {new_len}",
-              {"--kv-cache-dtype": "fp8", k["len_flag"]: new_len},
+              {"--kv-cache-dtype": k["fp8"], k["len_flag"]: new_len},
               f"one request of {new_len} tokens at fp8 needs about the {_mib(avail)} MiB pool ({_mib(need / 2)} MiB "
               f"for {max_len} tokens at fp8, still more than the pool)",
               "fp8 KV halves the bytes per token, so the pool holds twice the tokens; at the current maximum length "
               "half the KV still does not fit, so the change also sets the longest request that does.")
         return
-    b.add(rank, "quantize-kv-cache", "Store the KV cache as fp8", {"--kv-cache-dtype": "fp8"},
+    b.add(rank, "quantize-kv-cache", "Store the KV cache as fp8", {"--kv-cache-dtype": k["fp8"]},
           "half the KV bytes of bf16" + (f": {_mib(need / 2)} MiB for one full-length request, within the "
                                           f"{_mib(avail)} MiB pool" if need and avail is not None else ""),
           "fp8 KV halves the bytes per token.")
@@ -1129,14 +1157,27 @@ def _py_act_lower_util(b: _Builder, rank: float) -> None:
                     "plus 1 % headroom")
     if new < 0.3 or new >= cur:
         return
+    if kv_alloc_oom(s):
+        b.add(rank, "lower-gpu-memory-utilization", f"Lower {util_flag} to {new}", {util_flag: new},
+              f"a KV pool {round((cur - new) * 100)} % of the GPU smaller{computed}",
+              "The KV pool is utilization x total, sized before it was allocated; its allocation failed because less "
+              "was free by then (another process, or the fraction above what this device can give): a smaller "
+              "fraction makes a pool that fits.")
+        return
     b.add(rank, "lower-gpu-memory-utilization", f"Lower {util_flag} to {new}", {util_flag: new},
           f"{round((cur - new) * 100)} % of the GPU more outside the KV pool for activations and graphs{computed}",
           "The KV pool takes utilization x total; what torch needs beyond it must fit in the rest.")
 
 
 def _py_act_seqs(b: _Builder, rank: float) -> None:
+    """Fewer concurrent sequences: half the value the command sets (never more than it), else 64, below the engines'
+    defaults (vLLM 256 and more, SGLang and LMDeploy's batch sizes likewise)."""
     seqs_flag = _py_knobs(b.s)["seqs_flag"]
-    b.add(rank, "reduce-max-num-seqs", f"Lower {seqs_flag} to 64", {seqs_flag: 64},
+    cur = to_int((b.s.flags or {}).get(seqs_flag.lstrip("-").replace("-", "_")))
+    new = max(1, cur // 2) if cur else 64
+    if cur and new >= cur:
+        return  # already one sequence: nothing to lower
+    b.add(rank, "reduce-max-num-seqs", f"Lower {seqs_flag} to {new}", {seqs_flag: new},
           "fewer sequences per step, smaller sampler and activation buffers",
           "Warm-up and sampling allocate per sequence of the largest batch.")
 
@@ -1433,9 +1474,16 @@ def negative_pool(s: Situation) -> bool:
     return avail is not None and avail <= 0
 
 
+def kv_alloc_oom(s: Situation) -> bool:
+    """The KV pool's own allocation failed (a torch OOM while the engine created its KV tensors): the pool was sized
+    from the memory fraction for more than was free then; a larger fraction makes it larger still."""
+    return s.phase == "kv_cache" and s.torch_oom
+
+
 def pool_too_small(s: Situation) -> bool:
-    """The KV pool exists but cannot hold one request of the maximum length (not a request refused for its length)."""
-    return not negative_pool(s) and not request_refused(s)
+    """The KV pool exists but cannot hold one request of the maximum length (not a request refused for its length,
+    not a pool whose own allocation failed)."""
+    return not negative_pool(s) and not request_refused(s) and not kv_alloc_oom(s)
 
 
 def util_cannot_grow(s: Situation) -> bool:
@@ -1465,8 +1513,9 @@ def prefill_batch(s: Situation) -> bool:
 
 
 def tgi_unplaced(s: Situation) -> bool:
-    """TGI failed at a step the log does not place: its warm-up prefill batch is the usual cause."""
-    return s.engine == "tgi"
+    """TGI failed in its warm-up ("Method Warmup encountered an error", "Warming up model") and the log does not say
+    why: its warm-up prefill batch is the usual cause. A shard killed with no memory line is not placed there."""
+    return s.engine == "tgi" and (s.py_stage == "compute_buffer" or "warm" in (s.final_error or "").lower())
 
 
 # ------------------------------------------------------------------ the rule table
@@ -1568,6 +1617,8 @@ RULES: tuple[Rule, ...] = (
     _r("free-device-memory", PYTHON, (*_ACT, "model_weights", "kv_cache"), others_hold_the_gap, -0.5, _free_memory),
     _r("lower-gpu-memory-utilization", PYTHON, "memory_budget", vllm_gate_near_miss, -0.5, _py_lower_util_gate),
     _r("lower-gpu-memory-utilization", PYTHON, "memory_budget", vllm_gate_numbers, 1, _py_lower_util_gate),
+    _r("lower-gpu-memory-utilization", PYTHON, "kv_cache", kv_alloc_oom, 0, _py_act_lower_util),
+    _r("free-device-memory", PYTHON, "kv_cache", kv_alloc_oom, 0.5, _free_memory),
     _r("raise-gpu-memory-utilization", PYTHON, ("kv_capacity", "kv_cache"), negative_pool, 0, _py_raise_util_negative),
     _r("smaller-model-or-quant", PYTHON, ("kv_capacity", "kv_cache"), negative_pool, 1, _smaller_model),
     _r("more-devices", PYTHON, ("kv_capacity", "kv_cache"), negative_pool, 2, _py_more_devices),
@@ -1632,7 +1683,7 @@ def suggest_explained(s: Situation, limit: int = 4) -> tuple[list[dict], list[di
     ``{"id", "rank", "rule"}`` (``rule``: "#N family phases when=condition build=builder", as docs/fix-rules.md
     numbers the rows)."""
     b = _Builder(s)
-    if s.phase not in MEMORY_PHASES and not (s.phase == "unknown" and (s.has_memory_event or s.engine == "tgi"
+    if s.phase not in MEMORY_PHASES and not (s.phase == "unknown" and (s.has_memory_event or tgi_unplaced(s)
                                                                        or crashed(s))):
         return [], []
     fam = family_of(s)

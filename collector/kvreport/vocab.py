@@ -37,6 +37,8 @@ PHASE_SENTENCE = {
 }
 """What failed, as a sentence (the ``what:`` line of ``kvreport analyze``)."""
 MEMORY_UNPLACED = "memory could not be had, and the log does not say for which buffer"
+REQUEST_REFUSED = "a request longer than the context was refused: the context (and its KV cache) is too small for it"
+"""The ``what`` of a ``kv_capacity`` failure that is a refused request (kvreport.logs.oom.REQUEST_RULES)."""
 """The ``what`` of an ``unknown`` phase whose line is a memory error (kvreport.logs.oom)."""
 _MEMORY_FINDINGS = ("memory_error", "unrecognized_memory_error", "summary_line", "alloc_limit", "pool_size")
 
@@ -49,6 +51,8 @@ def what_failed(diagnosis: dict, short: bool = False) -> str:
     if phase == "unknown" and (f.get("allocator_error") or any(
             x.get("kind") in _MEMORY_FINDINGS for x in diagnosis.get("findings") or [])):
         return "memory error, buffer not named" if short else MEMORY_UNPLACED
+    if phase == "kv_capacity" and any(x.get("kind") == "request_refused" for x in diagnosis.get("findings") or []):
+        return "request longer than the context" if short else REQUEST_REFUSED
     final = f.get("final_error") or ""
     for phase_of, words, sentence in MESSAGE_SENTENCE:
         if phase == phase_of and words in final and not short:
