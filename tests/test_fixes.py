@@ -91,6 +91,41 @@ def test_a_crash_that_is_not_memory_gets_a_known_good_build_only():
     assert d["suggestions"][0]["change"] == {} and "GGML_ASSERT" in d["suggestions"][0]["expected"]
 
 
+def test_qa_pasted_commands_go_the_right_way():
+    # SGLang's KV pool whose own allocation failed: a smaller fraction, not a larger one
+    d = analyze_text('  File "/sgl/srt/mem_cache/memory_pool.py", line 607, in _create_buffers\n'
+                     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 108.00 MiB. GPU 0 has a total "
+                     "capacity of 23.54 GiB of which 52.44 MiB is free.",
+                     "python -m sglang.launch_server --model-path M --mem-fraction-static 0.88")
+    top = d["suggestions"][0]
+    assert top["id"] == "lower-gpu-memory-utilization" and top["change"]["--mem-fraction-static"] < 0.88
+    # "lower" never raises what the command set
+    d = analyze_text("torch.OutOfMemoryError: CUDA out of memory occurred when warming up sampler with 32 dummy "
+                     "requests. Please try lowering `max_num_seqs` or `gpu_memory_utilization`",
+                     "vllm serve M --max-num-seqs 32")
+    seqs = [x for x in d["suggestions"] if x["id"] == "reduce-max-num-seqs"]
+    assert all(x["change"]["--max-num-seqs"] < 32 for x in seqs)
+    # TGI's own flags, never vLLM's
+    d = analyze_text("tgi-1  | Error: Backend(NotEnoughMemory(32768))",
+                     "text-generation-launcher --model-id M --max-total-tokens 32768 --cuda-memory-fraction 0.9")
+    flags = {k for x in d["suggestions"] for k in x["change"]}
+    assert flags and not flags & {"--gpu-memory-utilization", "--max-model-len", "--max-num-seqs"}
+    # Ollama's server settings go on "ollama serve", not on the client command
+    d = analyze_text('time=2025-01-01T00:00:00Z level=ERROR source=server.go:1 msg="x" error="could not find a kv '
+                     'cache slot"', "ollama run qwen3:32b")
+    assert all("ollama run" not in (x.get("command") or "") for x in d["suggestions"])
+
+
+def test_free_before_load_with_unsized_weights_is_not_a_fit():
+    d = analyze_text("llama_model_load_from_file_impl: using device Vulkan0 (AMD Radeon RX 6800 XT) - 16112 MiB free\n"
+                     "load_tensors: offloaded 37/37 layers to GPU\n"
+                     "ggml_vulkan: Device memory allocation of size 4294967296 failed.\n"
+                     "alloc_tensor_range: failed to allocate Vulkan0 buffer of size 4294967296\n"
+                     "llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache")
+    assert d["failure"]["verdict"] == "unknown"
+    assert "bisect-regression" not in [x["id"] for x in d["suggestions"]]
+
+
 def test_vllm_capacity_and_negative_pool():
     d = analyze_text("ERROR ValueError: To serve at least one request with the models's max seq len (32768), "
                      "(4.00 GiB KV cache is needed, which is larger than the available KV cache memory (2.00 GiB). "

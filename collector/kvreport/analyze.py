@@ -847,22 +847,13 @@ class _Diagnosis:
             ev = next((e for e in self.trail.get("events") or [] if e.get("free_mib") is not None), None)
             self.trail["free"] = {"rule": self.trail.get("rule"), "line": _line_of(ev), "basis": "log",
                                   "why": "the free memory the failing line itself states"}
+        from_inventory = free is None
         if free is None and out["phase"] not in ("none",):
             free = self._device_free(device, backend)
         out["free_mib"] = _r2(free)
         self.free_at_failure = None
         if free is not None:
-            used = self._used_before(device, (self.primary.events[0]["lineno"] if self.primary and self.primary.events else None))
-            self.free_at_failure = max(0.0, free - used)
-            if used:
-                when = {"log": "as the engine reported it at load", "before_launch": "measured right before launch"
-                        }.get(getattr(self, "free_source", None), "")
-                self.finding("free_after_allocations",
-                             f"{_fmt(free)} MiB free on {device} before loading ({when}); {_fmt(used)} MiB already "
-                             f"allocated there (weights, KV, output) left {_fmt(self.free_at_failure)} MiB"
-                             if when else
-                             f"{_fmt(free)} MiB free on {device}; {_fmt(used)} MiB already allocated there "
-                             f"(weights, KV, output) left {_fmt(self.free_at_failure)} MiB")
+            self._free_at_failure(out, free, device, from_inventory)
         if out["phase"] not in ("none",) and device:
             probe = self._collect_time_free(device)
             if probe is not None:
@@ -900,6 +891,32 @@ class _Diagnosis:
             out["verdict"] = "exceeds_free"
         else:
             out["verdict"] = "unknown"
+
+    def _free_at_failure(self, out: dict, free: float, device: str | None, from_inventory: bool) -> None:
+        """``self.free_at_failure``: the device's free memory less what the engine placed there before the failure;
+        None when the weights went there after a free figure read before loading and their size is not printed."""
+        used = self._used_before(device, (self.primary.events[0]["lineno"] if self.primary and self.primary.events else None))
+        self.free_at_failure = max(0.0, free - used)
+        if from_inventory and not used and self._weights_unsized(out["phase"]):
+            self.free_at_failure = None
+            self.finding("free_before_load", f"{_fmt(free)} MiB was free on {device} before loading; the weights "
+                         "were placed there after that (offloaded layers) and the log does not give their size, "
+                         "so the free memory at the failure is not known")
+        if used:
+            when = {"log": "as the engine reported it at load", "before_launch": "measured right before launch"
+                    }.get(getattr(self, "free_source", None), "")
+            self.finding("free_after_allocations",
+                         f"{_fmt(free)} MiB free on {device} before loading ({when}); {_fmt(used)} MiB already "
+                         f"allocated there (weights, KV, output) left {_fmt(self.free_at_failure)} MiB"
+                         if when else
+                         f"{_fmt(free)} MiB free on {device}; {_fmt(used)} MiB already allocated there "
+                         f"(weights, KV, output) left {_fmt(self.free_at_failure)} MiB")
+
+    def _weights_unsized(self, phase: str) -> bool:
+        """A failure after the weights were loaded onto the GPU (KV, compute, context) in a log that says layers were
+        offloaded (llama.cpp's "offloaded 37/37 layers to GPU", Ollama's layers.offload) but prints no buffer sizes."""
+        off = str(self.f.ctx.get("offloaded_layers") or "").split("/")[0]
+        return phase in ("kv_cache", "compute_buffer", "context") and off.isdigit() and int(off) > 0
 
     def _check_refused(self) -> bool:
         """The engine's own check said its need is above what it has (vLLM's KV check), though the line was cut before

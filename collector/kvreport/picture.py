@@ -25,6 +25,8 @@ What the picture holds (:func:`memory_picture`)::
         "short_mib": float | None,        # request - room when the request did not fit
         "over_mib": float | None,         # how far the stack (in use + placed + request) reaches past capacity
         "failing": bool,
+        "weights_unsized": bool,          # weights went there after its free figure was read, size not printed:
+                                          # the room left is not known (room_mib None)
         "scale_mib": float}],             # MiB a full-width bar stands for: one scale for all accelerators,
                                           # one for host RAM, so that bars of one group compare at a glance
      "notes": [str]}
@@ -173,7 +175,8 @@ def _finish(entry: dict) -> dict:
     available = free if free is not None else total
     placed = entry["placed_mib"]
     req = (entry["request"] or {}).get("mib")
-    entry["room_mib"] = max(0.0, available - placed) if available is not None else None
+    entry["room_mib"] = max(0.0, available - placed) if available is not None and not entry.get("weights_unsized") \
+        else None
     entry["short_mib"] = req - entry["room_mib"] if req is not None and entry["room_mib"] is not None \
         and req > entry["room_mib"] else None
     end = (entry["in_use_mib"] or 0.0) + placed + (req or 0.0)
@@ -210,7 +213,10 @@ def memory_picture(bundle: dict | None, diagnosis: dict | None, facts: LogFacts 
                  "segments": segments, "placed_mib": round(sum(per.values()), 2),
                  "request": ({"mib": request, "label": _REQUEST_LABEL.get(phase, "allocation")}
                              if dev == failing else None),
-                 "failing": dev == failing}
+                 "failing": dev == failing,
+                 # the weights went to the failing device after its free memory was read, their size not printed
+                 "weights_unsized": dev == failing and any(
+                     isinstance(x, dict) and x.get("kind") == "free_before_load" for x in diagnosis.get("findings") or [])}
         devices.append(_finish(entry))
     for group in (True, False):
         members = [d for d in devices if (d["device"] == _HOST) == group]
@@ -313,7 +319,7 @@ def summary(entry: dict, unit: str = "") -> str:
     """One line of words and numbers for a device (also the bar's text equivalent); ``unit`` follows each
     figure (the text bars leave it out: their legend says MiB)."""
     placed = " + ".join(f"{s['label']} {fmt_mib(s['mib'])}{unit}" for s in entry.get("segments") or []) \
-        or "nothing placed"
+        or ("weights placed, size not in the log" if entry.get("weights_unsized") else "nothing placed")
     line = f"{_had(entry, unit)}; {placed}"
     req = entry.get("request")
     if req:
