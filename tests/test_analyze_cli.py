@@ -153,7 +153,10 @@ def test_stdin_takes_the_same_path_as_a_file(tmp_path):
 @pytest.mark.parametrize(("content", "why"), [(b"", "it is empty"), (b"\n  \n", "it is empty"),
                                               (bytes(range(256)) * 40, "binary data"),
                                               (b"\x1f\x8b\x08\x00" + b"x" * 100, "gzip"),
-                                              (b"GGUF\x03\x00\x00\x00" + b"\x00" * 100, "GGUF")])
+                                              (b"GGUF\x03\x00\x00\x00" + b"\x00" * 100, "GGUF"),
+                                              # PowerShell's > writes UTF-16 (with and without a byte-order mark)
+                                              ("CUDA error: out of memory\r\n".encode("utf-16"), "UTF-16"),
+                                              ("CUDA error: out of memory\n".encode("utf-16-le"), "UTF-16")])
 def test_not_a_log_is_a_one_line_error(tmp_path, content, why):
     p = tmp_path / "in.log"
     p.write_bytes(content)

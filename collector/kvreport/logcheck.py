@@ -27,10 +27,24 @@ def not_a_log(head: bytes) -> str | None:
         if head.startswith(magic):
             return f"it is {what} data, not a log (decompress it first)" if what in _COMPRESSED \
                 else f"it is {what}, not a log"
+    if _utf16(head):
+        return ("it is UTF-16 text (as Windows PowerShell's > writes it): convert it to UTF-8 first "
+                "(Get-Content LOG | Set-Content -Encoding utf8 LOG8, or iconv -f UTF-16 -t UTF-8)")
     n = len(head)
     if head.count(0) > n / 100 or sum(head.count(c) for c in _CONTROL) > n / 10:
         return "it is binary data, not a log"
     return None
+
+
+def _utf16(head: bytes) -> bool:
+    """UTF-16 text: a byte-order mark, or ASCII text with a NUL after (or before) every character."""
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return True
+    sample = head[:4096]
+    if len(sample) < 16:
+        return False
+    odd, even = sample[1::2], sample[0::2]
+    return odd.count(0) > 0.9 * len(odd) or even.count(0) > 0.9 * len(even)
 
 
 def refuse(head: bytes, source: str) -> None:
