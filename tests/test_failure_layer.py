@@ -219,6 +219,12 @@ EXAMPLES = [
     ("hip-vmm-failure", "ggml/src/ggml-cuda/ggml-cuda.cu:669: HipVMM Failure: invalid argument", "rocm", "unknown"),
     # NVIDIA's kernel driver on a DGX Spark (a 2026 blog's dmesg)
     ("nvrm-no-memory", "NVRM: nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO_MEMORY]", "cuda", "unknown"),
+    # shells' and IDEs' words for a process killed with SIGKILL (the OOM killer's signal)
+    ("oom-killer", "zsh: killed     python3 -m mlx_lm.server --model m", "cpu", "unknown"),
+    ("oom-killer", "[1]    12345 killed     ./llama-server -m m.gguf", "cpu", "unknown"),
+    ("oom-killer", "Process finished with exit code 137 (interrupted by signal 9: SIGKILL)", "cpu", "unknown"),
+    # Rust's error names in CamelCase (candle's Cuda(OutOfMemory))
+    ("memory-words", "called `Result::unwrap()` on an `Err` value: Cuda(OutOfMemory)", None, "unknown"),
     # round 10-11 tuning shares (each a format; sources in each rule)
     ("vllm-max-context", "Error code: 400 - {'error': {'message': \"This model's maximum context length is 196608 "
                          "tokens. However, you requested 16384 output tokens and your prompt contains at least 180225 "
@@ -772,6 +778,9 @@ HUNT9 += [
      {"phase": "kv_capacity", "requested_mib": 5980.16}),
     # failures not about memory: Windows' crash record, a GPU reset, vllm-ascend's stream resources
     ("Faulting application name: llama-server.exe, version: 0.0.0.0\nException code: 0xc0000409",
+     {"phase": "unknown"}),
+    ("thread '<unnamed>' panicked at mistralrs-core/src/pipeline/mistral.rs:409:17:", {"phase": "unknown"}),
+    ("llama-server: error while loading shared libraries: libcuda.so.1: cannot open shared object file",
      {"phase": "unknown"}),
     ("(EngineCore_DP0 pid=88213) ERROR 08-20 16:05:12 [core.py:935] RuntimeError: ACL graph capture failed with a known "
      "stream-resource exhaustion signature.\n(EngineCore_DP0 pid=88213) ERROR 08-20 16:05:12 [core.py:935] The stream "

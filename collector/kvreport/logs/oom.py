@@ -423,11 +423,14 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"killed due to the node running low on memory|killed due to memory pressure \(OOM\)"), "cpu",
             "Ray memory monitor (ray.exceptions.OutOfMemoryError; raylet node_manager)"),
     OomRule("oom-killer", ("Out of memory: Kill", "oom-kill", "oom_kill", "OOMKilled", "signal: killed", "OOM killer",
-                           "exit status 137", "Killed"),
+                           "exit status 137", "exit code 137", "Killed", "killed", "SIGKILL"),
             re.compile(r"Out of memory: Kill(?:ed)? process|oom[-_]kill|OOMKilled|killed by the OOM killer|signal: killed|"
-                       r"exit status 137|"
-                       r"^(?:\S+: )?Killed(?:\s+\S.*)?$|\bKilled\s+(?:python\S*|llama\S*|ollama\S*|vllm\S*)"),
-            "cpu", "Linux OOM killer (dmesg), shells' 'Killed', Go's 'signal: killed', docker OOMKilled"),
+                       r"exit (?:status|code) 137|signal 9: SIGKILL|"
+                       r"^(?:\S+: )?Killed(?:\s+\S.*)?$|\bKilled\s+(?:python\S*|llama\S*|ollama\S*|vllm\S*)|"
+                       # zsh's and bash's job reports: "zsh: killed     python3 ...", "[1]    12345 killed     ./llama-server"
+                       r"^(?:zsh|bash|sh|fish): killed\s+\S|^\[\d+\][+-]?\s+\d+ killed\s+\S"),
+            "cpu", "Linux OOM killer (dmesg), shells' 'Killed' (and zsh's / job control's 'killed'), Go's 'signal: "
+            "killed', docker OOMKilled, an IDE's 'exit code 137 (interrupted by signal 9: SIGKILL)'"),
     OomRule("python-memoryerror", ("MemoryError",), re.compile(r"\bMemoryError\b(?!\w)(?!: No enough free memory blocks)"), "cpu",
             "Python MemoryError (not LMDeploy's block manager's, read by lmdeploy-no-enough: a KV pool, not the host)"),
     # -- iOS / iPadOS jetsam, as the system tells the user: "The app “X” has been killed by the operating system
@@ -756,7 +759,7 @@ RULES: tuple[OomRule, ...] = (
                              "memory allocation", "Memory allocation", "more system memory", "requires more memory",
                              "memory object", "Malloc failed", "GPU resources",
                              "OOM", "oom"),
-            re.compile(r"(?i:out[ _-]of[ _-]?memory|insufficient[ _]memory|not enough (?:\w+ )?memory|"
+            re.compile(r"(?i:out[ _-]?of[ _-]?memory|insufficient[ _]memory|not enough (?:\w+ )?memory|"
                        r"(?:could not|failed to|unable to) create (?:a )?memory object|"
                        r"(?:failed|unable|could not|cannot) to allocate|(?:memory )?allocation failed|"
                        r"memory allocation (?:of \d+ bytes )?failed|requires more (?:system )?memory|"
@@ -833,6 +836,8 @@ FATAL = OomRule(
                     "887A0005", "887A0006", "DXGI_ERROR_DEVICE_", "NVRM: Xid", "[gfxhub", "VM_L2_PROTECTION_FAULT",
                     # an app's or Ollama's words for a load or runner that died
                     "Failed to load LLM", "runner crashed",
+                    # Rust's panics (TGI's router, mistral.rs, candle), a missing library, a driver older than the runtime
+                    "panicked at", "error while loading shared libraries", "driver version is insufficient",
                     # ggml-metal (2026): after one command buffer failed, every later graph is refused
                     "backend is in error state"),
     re.compile(r"panic: |Traceback \(most recent call last\)|terminate called after throwing|Segmentation fault|"
@@ -841,7 +846,8 @@ FATAL = OomRule(
                r"(?:^(?:\S+ ){0,3}?|\] )\w*(?:Error|Exception): |^\W{0,3}error: |\b(?:CUDA|SYCL|CANN|HIP|ROCm|MUSA) error\b|"
                r"\b(?:0x[cC]000040[9]|0x[cC]0000005|-1073740791|-1073741819|3221226505|3221225477)\b|"
                r"\b887A000[56]\b|DXGI_ERROR_DEVICE_(?:REMOVED|HUNG|RESET)|NVRM: Xid \(|amdgpu[ :][^\[\n]{0,40}\[gfxhub\S*\] page fault|"
-               r"Failed to load LLM\b|\brunner crashed\b|"
+               r"Failed to load LLM\b|\brunner crashed\b|\bpanicked at\b|error while loading shared libraries|"
+               r"driver version is insufficient|"
                r"VM_L2_PROTECTION_FAULT|backend is in error state|"
                r"\bcuBLAS error \d+|"
                r"illegal memory access|\bhas crashed\b|\(Exit code: -?\d+\)"
