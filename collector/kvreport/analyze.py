@@ -562,8 +562,8 @@ class _Diagnosis:
 
     def _sizes_from_torch(self, out: dict, ev: dict, real: list[dict]) -> None:
         """An engine's own OOM line without sizes (TGI's "Not enough memory to handle N prefill tokens", raised from
-        the torch OutOfMemoryError just above it, or SGLang's step read on the torch line itself) takes the request, the free memory and the device from that torch
-        line when it is within the few lines before."""
+        the torch OutOfMemoryError just above it, or SGLang's step read on the torch line itself) takes the request,
+        the free memory and the device from that torch line when it is within the few lines before."""
         torch = [e for e in real if e is not ev and 0 <= ev["lineno"] - e["lineno"] <= 5 and (
             (e["kind"] == "oom" and e.get("rule") == "torch-oom" and e.get("mib"))
             or (e["kind"] == "engine" and e.get("torch_oom") and e.get("requested_mib")))]
