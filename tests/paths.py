@@ -15,6 +15,7 @@ DATA = ROOT / "tests" / "data"
 CASE_DIR = DATA / "cases"
 CAPTURE_DIR = DATA / "captures"
 CORPUS_DIR = DATA / "corpus"
+HUNT_DIR = DATA / "hunts"
 
 
 def case_dirs() -> list[Path]:

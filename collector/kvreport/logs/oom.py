@@ -838,6 +838,9 @@ FATAL = OomRule(
                     "Failed to load LLM", "runner crashed",
                     # Rust's panics (TGI's router, mistral.rs, candle), a missing library, a driver older than the runtime
                     "panicked at", "error while loading shared libraries", "driver version is insufficient",
+                    # an HTTP 500 as a client relays it (Open WebUI: "500: Ollama: 500, message='Internal Server
+                    # Error'"); llama.cpp's fit step whose probe load failed
+                    "Internal Server Error", "error while trying to fit params",
                     # ggml-metal (2026): after one command buffer failed, every later graph is refused
                     "backend is in error state"),
     re.compile(r"panic: |Traceback \(most recent call last\)|terminate called after throwing|Segmentation fault|"
@@ -847,7 +850,7 @@ FATAL = OomRule(
                r"\b(?:0x[cC]000040[9]|0x[cC]0000005|-1073740791|-1073741819|3221226505|3221225477)\b|"
                r"\b887A000[56]\b|DXGI_ERROR_DEVICE_(?:REMOVED|HUNG|RESET)|NVRM: Xid \(|amdgpu[ :][^\[\n]{0,40}\[gfxhub\S*\] page fault|"
                r"Failed to load LLM\b|\brunner crashed\b|\bpanicked at\b|error while loading shared libraries|"
-               r"driver version is insufficient|"
+               r"driver version is insufficient|Internal Server Error|encountered an error while trying to fit params|"
                r"VM_L2_PROTECTION_FAULT|backend is in error state|"
                r"\bcuBLAS error \d+|"
                r"illegal memory access|\bhas crashed\b|\(Exit code: -?\d+\)"
