@@ -116,6 +116,16 @@ def test_qa_pasted_commands_go_the_right_way():
     assert all("ollama run" not in (x.get("command") or "") for x in d["suggestions"])
 
 
+def test_a_lower_vllm_fraction_leaves_room_for_the_weights_it_printed():
+    gate = ("(EngineCore_DP0 pid=1) ValueError: Free memory on device cuda:0 (5.2/79.19 GiB) on startup is less than "
+            "desired GPU memory utilization (0.9, 71.27 GiB). Decrease GPU memory utilization or reduce GPU memory used "
+            "by other processes.")
+    ids = [x["id"] for x in analyze_text(gate)["suggestions"]]
+    assert "lower-gpu-memory-utilization" in ids  # 0.04 of 79 GiB: 3.2 GiB, said to need the weights too
+    d = analyze_text("INFO Model loading took 18.12 GiB and 9.1 seconds\n" + gate)
+    assert "lower-gpu-memory-utilization" not in [x["id"] for x in d["suggestions"]]
+
+
 def test_free_before_load_with_unsized_weights_is_not_a_fit():
     d = analyze_text("llama_model_load_from_file_impl: using device Vulkan0 (AMD Radeon RX 6800 XT) - 16112 MiB free\n"
                      "load_tensors: offloaded 37/37 layers to GPU\n"

@@ -886,10 +886,14 @@ def _py_lower_util_gate(b: _Builder, rank: float) -> None:
     if not (gate.get("free_mib") and gate.get("total_mib")):
         return
     new_util = math.floor((gate["free_mib"] / gate["total_mib"] - 0.02) * 100) / 100
-    if new_util <= 0 or new_util * gate["total_mib"] < 1024:
-        return  # under 1 GiB of budget no model starts: freeing memory is the fix
+    budget = new_util * gate["total_mib"]
+    weights = (s.vllm or {}).get("weights_mib")
+    if new_util <= 0 or budget < 1024 or (weights and budget < weights + 1024):
+        return  # under 1 GiB of budget (or less than the weights the log printed, plus 1 GiB) no model starts there
     b.add(rank, "lower-gpu-memory-utilization", f"Lower {util_flag} to {new_util}", {util_flag: new_util},
-          f"{_mib(gate['total_mib'] * new_util)} MiB budget of {_mib(gate['free_mib'])} MiB free",
+          f"{_mib(budget)} MiB budget of {_mib(gate['free_mib'])} MiB free"
+          + (f", above the {_mib(weights)} MiB of weights" if weights else
+             "; the weights must fit in it too (the log does not give their size)"),
           "vLLM refuses to start when the device has less free memory than utilization x total; a lower "
           "fraction fits next to the other processes (with a smaller KV pool).")
 
