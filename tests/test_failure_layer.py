@@ -748,6 +748,14 @@ HUNT9 += [
     ("INFO 01-02 02:07:12 model_runner.py:1099] Loading model weights took 16.9583 GB\n"
      "ERROR 01-02 02:39:17 worker_base.py:467] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 380.00 MiB. "
      "GPU 0 has a total capacity of 23.64 GiB of which 14.81 MiB is free.", {"phase": "compute_buffer"}),
+    # Ollama (2026, server/sched.go) retries a load once with a smaller context: recovered when the runner starts
+    ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 8192.00 MiB on device 0: cudaMalloc failed: out of memory\n"
+     "llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache\n"
+     'time=2026-08-19T08:40:06.918Z level=WARN source=sched.go:652 msg="llama-server load failed; reducing automatic '
+     'context and retrying once" error="llama-server reported out-of-memory during startup"\n'
+     "llama_kv_cache:      CUDA0 KV buffer size =  4096.00 MiB\n"
+     'time=2026-08-19T08:40:12.205Z level=INFO source=server.go:1310 msg="llama runner started in 5.29 seconds"',
+     {"phase": "none"}),
     # 2023 llama.cpp printed the KV size in lower case and "MB" (MiB)
     ("llama_new_context_with_model: kv self size  = 3200.00 MB\nCUDA error 2 at ggml-cuda.cu:6301: out of memory",
      {"backend": "cuda"}),

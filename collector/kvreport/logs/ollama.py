@@ -163,6 +163,12 @@ def _runner_ended(f: LogFacts, line: str, lineno: int) -> bool:
     if not ("process has terminated" in line or "reported out-of-memory" in line or "no longer running" in line):
         return False
     low = line.lower()
+    if "retrying" in low:
+        # server/sched.go (2026): "llama-server load failed; reducing automatic context and retrying once" quotes the
+        # runner's out-of-memory and loads again with a smaller context: a retry, failed only if the retry fails too
+        f.add_event("retry", lineno, line)
+        f.warnings.append(line[:500])
+        return True
     backend = "cuda" if "cuda" in low else "rocm" if "hip" in low else "vulkan" if "vk_" in low or "vulkan" in low else None
     return _fail(f, line, lineno, "unknown", 0, backend=backend, oom=any(w in low for w in _OOM_WORDS), weak=True)
 
