@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from kvreport import strict
 from kvreport.logs.common import to_int
+from kvreport.logs.oom import CRASH
 from kvreport.units import MIB
 
 SUGGESTION_IDS = (
@@ -666,11 +667,10 @@ _ULIMIT = re.compile(r"ulimit\s+(?:-\w*\s+)*-(?:[a-zA-Z]*v)\s+(\d+)")
 
 
 def _ollama_client(s: Situation) -> bool:
-    """The command is an Ollama client subcommand (``ollama run``, ``ollama pull``...), not the server."""
-    argv = [str(a) for a in (s.command or {}).get("argv") or _command_text(s).split()]
-    words = [a for a in argv if "=" not in a or a.startswith("-")]  # leading VAR=value words left out
-    i = next((n for n, a in enumerate(words) if a.rsplit("/", 1)[-1] in ("ollama", "ollama.exe")), None)
-    return i is not None and i + 1 < len(words) and words[i + 1] != "serve"
+    """The command is an Ollama client subcommand (``ollama run``, ``ollama pull``...), not the server
+    (``engine_argv``: kvreport.cmdline's words from the engine's program on)."""
+    argv = (s.command or {}).get("engine_argv") or []
+    return len(argv) > 1 and str(argv[1]) != "serve"
 
 
 def _command_text(s: Situation) -> str:
@@ -1406,16 +1406,10 @@ def big_compute_unknown_ctx(s: Situation) -> bool:
         and (s.requested_mib or 0) >= 8192
 
 
-_CRASH = re.compile(r"GGML_ASSERT|ggml_abort|Segmentation fault|SIGSEGV|SIGABRT|core dumped|\bAborted\b|panic: |"
-                    r"terminate called|illegal memory access|ErrorDeviceLost|DEVICE_REMOVED|has crashed|"
-                    r"\b(?:0x[cC]0000409|0x[cC]0000005|-1073740791|-1073741819|3221226505|3221225477)\b")
-"""A crash: an assert, a fatal signal, a device lost -- the engine's own bug or the driver's, not the configuration."""
-
-
 def crashed(s: Situation) -> bool:
     """A failure that is not about memory, ended by a crash (an assert, a segfault, an abort, a lost device): the
     playbook's last step, an older known-good build, is the one fix that applies."""
-    return s.phase == "unknown" and not s.has_memory_event and bool(_CRASH.search(s.final_error or ""))
+    return s.phase == "unknown" and not s.has_memory_event and bool(CRASH.search(s.final_error or ""))
 
 
 def huge_ctx(s: Situation) -> bool:

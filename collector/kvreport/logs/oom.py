@@ -525,7 +525,7 @@ RULES: tuple[OomRule, ...] = (
                        r"context size \((?P<m2>\d+)"), None,
             "llama.cpp tools/server (ERROR_TYPE_EXCEED_CONTEXT_SIZE), as clients relay its 400 body; server-context.cpp "
             "'input (N tokens) is larger than the max context size (M tokens). skipping' (no context shift, embeddings)",
-            phase="kv_capacity", engine="llama.cpp", read=lambda m: _tokens_json(m)),
+            phase="kv_capacity", engine="llama.cpp", read=_tokens_json),
     # -- a request longer than the context (or the model's maximum length) refused before any memory is asked for,
     #    in each engine's words: the context / KV pool is too small for the request (phase kv_capacity, as llama-server's
     #    exceed_context_size_error above). request_tokens / limit_tokens are tokens.
@@ -536,14 +536,14 @@ RULES: tuple[OomRule, ...] = (
             "vllm core/scheduler.py (V0: 'Input prompt (N tokens) is too long and exceeds limit of M', the request is "
             "ignored, vllm#525, #10440); engine/processor _validate_model_input ('The decoder prompt (length N) is longer "
             "than the maximum model length of M', 'Prompt length of N is longer than ...', xorbitsai/inference#3785)",
-            phase="kv_capacity", engine="vllm", read=lambda m: _tokens(m)),
+            phase="kv_capacity", engine="vllm", read=_tokens),
     OomRule("openai-max-context", ("maximum context length is",),
             re.compile(r"maximum context length is (?P<m>\d+) tokens(?:\. However, you requested (?P<n>\d+) tokens|\. "
                        r"However, your request has (?P<n2>\d+) input tokens| and your request has (?P<given>\d+) input "
                        r"tokens \((?P<new>\d+) >)"), None,
             "the OpenAI-compatible servers' refusal (vLLM serving_chat.py and others, vllm#20409; vLLM 2025-26 "
             "VLLMValidationError 'However, your request has N input tokens' and the max_tokens check 'your request has N "
-            "input tokens (M > L - N)')", phase="kv_capacity", read=lambda m: _tokens(m)),
+            "input tokens (M > L - N)')", phase="kv_capacity", read=_tokens),
     # -- vLLM's own wordings of that refusal (serving_engine.py, 2025-26): "However, you requested N output tokens and
     #    your prompt contains at least M input tokens, for a total of at least T tokens" (clients and agents relay it:
     #    many public tests quote it verbatim)
@@ -551,7 +551,7 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"maximum context length is (?P<m>\d+) tokens\. However, you requested (?P<new>\d+) output tokens "
                        r"and your prompt contains at least (?P<given>\d+) input tokens"), None,
             "vllm entrypoints/openai serving_engine.py (2025-26)", phase="kv_capacity", engine="vllm",
-            read=lambda m: _tokens(m)),
+            read=_tokens),
     OomRule("sglang-input-too-long", ("longer than the model's context length", "longer than the model\\'s context",
                                       "Requested token count exceeds", "model's context length ("),
             re.compile(r"The input \((?P<n>\d+) tokens\) is longer than the model\\?'s context length \((?P<m>\d+) "
@@ -559,7 +559,7 @@ RULES: tuple[OomRule, ...] = (
                        r"tokens\. You requested a total of (?P<n2>\d+) tokens"), None,
             "SGLang tokenizer manager's input validation (Qwen3#1321, sglang#8096; _validate_one_request's 'Requested "
             "token count exceeds the model's maximum context length of M tokens. You requested a total of N tokens')",
-            phase="kv_capacity", engine="sglang", read=lambda m: _tokens(m)),
+            phase="kv_capacity", engine="sglang", read=_tokens),
     OomRule("tgi-input-validation", ("Input validation error", "`max_new_tokens` must be <="),
             re.compile(r"(?:Input validation error: )?`inputs` (?:tokens \+ `max_new_tokens` must be <= (?P<m>\d+)(?:\. "
                        r"Given: (?P<given>\d+) `inputs` tokens and (?P<new>\d+) `max_new_tokens`)?|must have less than "
@@ -582,23 +582,23 @@ RULES: tuple[OomRule, ...] = (
     OomRule("input-exceeds-max-context", ("exceeds the model's maximum context length",),
             re.compile(r"input length \((?P<n>\d+) tokens\) exceeds the model's maximum context length \((?P<m>\d+) "
                        r"tokens\)"), None, "ollama x/mlxrunner/pipeline.go (2026)", phase="kv_capacity",
-            read=lambda m: _tokens(m)),
+            read=_tokens),
     # -- ONNX Runtime GenAI (generators.cpp): "input_ids size (N) + current sequence length (0) exceeds max length (M)"
     #    and "max_length (N) cannot be greater than model context_length (M)": the search's max_length sizes its KV
     OomRule("ort-genai-max-length", ("exceeds max length (", "cannot be greater than model context_length"),
             re.compile(r"input_ids size \((?P<n>\d+)\) \+ current sequence length \(\d+\) exceeds max length \((?P<m>\d+)\)"
                        r"|max_length \((?P<n2>\d+)\) cannot be greater than model context_length \((?P<m2>\d+)\)"),
-            None, "microsoft/onnxruntime-genai src/generators.cpp", phase="kv_capacity", read=lambda m: _tokens(m)),
+            None, "microsoft/onnxruntime-genai src/generators.cpp", phase="kv_capacity", read=_tokens),
     # -- LMDeploy's OpenAI server refusal: "Input length (N) must be smaller than the model context length (M)"
     OomRule("input-length-context", ("must be smaller than the model context length",),
             re.compile(r"Input length \((?P<n>\d+)\) must be smaller than the model context length \((?P<m>\d+)\)"), None,
             "lmdeploy serve async_engine (2026, context_length_exceeded)", phase="kv_capacity",
-            read=lambda m: _tokens(m)),
+            read=_tokens),
     OomRule("lmstudio-context-overflow", ("which is not enough",),
             re.compile(r"Trying to keep the first (?P<n>\d+) tokens when context the overflows\. However, the model is "
                        r"loaded with context length of only (?P<m>\d+) tokens"), None,
             "LM Studio's context overflow policy refusal (lmstudio-bug-tracker#546, #237)", phase="kv_capacity",
-            read=lambda m: _tokens(m)),
+            read=_tokens),
     # -- LM Studio (llama.cpp and MLX engines, 2024-26): "The number of tokens to keep from the initial prompt is greater
     #    than the context length. Try to load the model with a larger context length, or provide a shorter input"
     OomRule("lmstudio-tokens-to-keep", ("tokens to keep from the initial prompt",),
@@ -609,7 +609,7 @@ RULES: tuple[OomRule, ...] = (
                        r"exceed context window of (?P<m2>\d+)"), None,
             "llama.cpp examples/main (2023) 'error: prompt is too long (N tokens, max M)'; llama-cpp-python "
             "'Requested tokens (N) exceed context window of M' (llama-cpp-python#416)", phase="kv_capacity",
-            engine="llama.cpp", read=lambda m: _tokens(m)),
+            engine="llama.cpp", read=_tokens),
     OomRule("exllama-seq-exceeds-cache", ("exceeds cache size",), re.compile(r"Total sequence length exceeds cache size"),
             None, "exllamav2 model.forward (exllamav2#105): the cache holds fewer tokens than the sequence",
             phase="kv_capacity"),
@@ -744,7 +744,7 @@ RULES: tuple[OomRule, ...] = (
     OomRule("llama-server-ubatch", ("is too large to process",),
             re.compile(r"input \((?P<n>\d+) tokens\) is too large to process\. increase the physical batch size"), None,
             "llama.cpp tools/server/server-context.cpp (2025-26)", engine="llama.cpp", memory=False,
-            read=lambda m: _tokens(m)),
+            read=_tokens),
     # -- exllamav2's manual split (model.py load_gen): the gpu_split list has no room for the next module ("Insufficient
     #    space in device allocation"): its own plan, before any allocation
     OomRule("exllama-split-space", ("Insufficient space in device allocation",),
@@ -823,15 +823,16 @@ ENGINE_WORDS = (("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"), ("TurboMind
                 ("common_init_from_params", "llama.cpp"), ("exiting due to model loading error", "llama.cpp"))
 """Words that name an engine this layer knows only through its memory errors (module names, log prefixes)."""
 
+WINDOWS_CRASH = ("0xc0000409", "0xc0000005", "-1073740791", "-1073741819", "3221226505", "3221225477")
+"""Windows' crash statuses (fail-fast abort, access violation) in hex and as signed / unsigned exit codes."""
+_WINDOWS_CRASH_RX = r"(?<!\w)(?i:" + "|".join(map(re.escape, WINDOWS_CRASH)) + r")(?!\w)"
+
 FATAL = OomRule(
     "fatal-words", ("panic: ", "Traceback", "terminate called", "Segmentation fault", "core dumped", "Aborted", "FATAL",
                     "atal error", "GGML_ASSERT", "ggml_abort", "exit status", "exited with", "level=ERROR",
                     "ShardCannotStart", "failed to start", "Error: ", "Exception: ", "error: ", "CUDA error",
                     "SYCL error", "CANN error", "HIP error", "ROCm error", "MUSA error", "cuBLAS error", "illegal memory access", "has crashed", "Exit code:",
-                    ")[0x", "Error: ", "Exception: ",
-                    # Windows' crash statuses (fail-fast abort, access violation) in hex and as signed / unsigned exit codes
-                    "0xc0000409", "0xC0000409", "0xc0000005", "0xC0000005", "-1073740791", "-1073741819", "3221226505",
-                    "3221225477",
+                    ")[0x", *WINDOWS_CRASH, *(c.upper().replace("0X", "0x") for c in WINDOWS_CRASH if c.startswith("0x")),
                     # DirectX's device removed / hung (a GPU reset: TDR), NVIDIA's Xid reports, amdgpu's VM faults
                     "887A0005", "887A0006", "DXGI_ERROR_DEVICE_", "NVRM: Xid", "[gfxhub", "VM_L2_PROTECTION_FAULT",
                     # an app's or Ollama's words for a load or runner that died
@@ -847,7 +848,7 @@ FATAL = OomRule(
                r"core dumped|\bAborted\b|\bFATAL\b|[Ff]atal error|GGML_ASSERT|ggml_abort|exit status -?\d|"
                r"exited with (?:code|status) -?[1-9]|level=ERROR|ShardCannotStart|failed to start|"
                r"(?:^(?:\S+ ){0,3}?|\] )\w*(?:Error|Exception): |^\W{0,3}error: |\b(?:CUDA|SYCL|CANN|HIP|ROCm|MUSA) error\b|"
-               r"\b(?:0x[cC]000040[9]|0x[cC]0000005|-1073740791|-1073741819|3221226505|3221225477)\b|"
+               + _WINDOWS_CRASH_RX + r"|"
                r"\b887A000[56]\b|DXGI_ERROR_DEVICE_(?:REMOVED|HUNG|RESET)|NVRM: Xid \(|amdgpu[ :][^\[\n]{0,40}\[gfxhub\S*\] page fault|"
                r"Failed to load LLM\b|\brunner crashed\b|\bpanicked at\b|error while loading shared libraries|"
                r"driver version is insufficient|Internal Server Error|encountered an error while trying to fit params|"
@@ -859,6 +860,11 @@ FATAL = OomRule(
     None, "the last line of a failure that is not (or not recognisably) about memory: panics, tracebacks, "
           "asserts, aborts, exit statuses", memory=False)
 """Not a memory rule: a failure line kvreport cannot tie to memory (phase ``unknown``, no memory fix)."""
+
+CRASH = re.compile(r"GGML_ASSERT|ggml_abort|Segmentation fault|SIGSEGV|SIGABRT|core dumped|\bAborted\b|panic: |"
+                   r"terminate called|illegal memory access|ErrorDeviceLost|DEVICE_REMOVED|has crashed|" + _WINDOWS_CRASH_RX)
+"""The :data:`FATAL` lines that are a crash: an assert, a fatal signal, a lost device -- the engine's own bug or the
+driver's, not the configuration (kvreport.fixes.crashed)."""
 
 KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in (*RULES, FATAL) for k in r.keywords}
                                          | {w for w, _ in ENGINE_WORDS} | {w for ws, _ in STAGES for w in ws}
