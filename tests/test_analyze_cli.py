@@ -178,3 +178,21 @@ def test_unbalanced_quote_in_command_is_a_one_line_error(tmp_path, command):
     assert r.stderr == ('kvreport: error: --command: unbalanced quote: nothing closes the " opened before: '
                         "unterminated -c 4096\n")
     assert not (tmp_path / "b.json").exists()
+
+
+def test_a_bundle_cut_short_is_refused_not_read_as_a_log(tmp_path):
+    """A partly downloaded bundle ('{"schema":"kvreport/bundle@1", ... cut) is an error (exit 2), not "no failure"."""
+    path = tmp_path / "cut.json"
+    path.write_text('{"schema": "kvreport/bundle@1", "id": "x", "log": {')
+    r = CliRunner().invoke(main, ["analyze", str(path)])
+    assert r.exit_code == 2 and "not a valid bundle" in r.output
+
+
+def test_random_bytes_are_refused(tmp_path):
+    """Random data (few NULs, mostly bytes that are no UTF-8) is binary, exit 2."""
+    import random
+    rng = random.Random(7)
+    path = tmp_path / "random.bin"
+    path.write_bytes(bytes(rng.randrange(256) for _ in range(4096)))
+    r = CliRunner().invoke(main, ["analyze", str(path)])
+    assert r.exit_code == 2 and "binary" in r.output

@@ -438,7 +438,7 @@ def test_placeholders_are_words(placeholder, template, flag, value):
     for word in parsed["engine_argv"]:  # no engine word lost
         assert word == "131072" or word in new or shlex.quote(word) in new, (word, new)
     if "HF_TOKEN" in line:
-        assert f"HF_TOKEN={placeholder}" in new
+        assert f"HF_TOKEN={shlex.quote(placeholder)}" in new  # quoted: a bare <...> is a shell redirection
 
 
 def test_with_changes_reads_the_stored_words():
@@ -446,10 +446,10 @@ def test_with_changes_reads_the_stored_words():
     parsed = parse_command("./llama-server -m /m.gguf -c 131072 --api-key SECRET -ngl 99 > s.log 2>&1")
     parsed["argv"] = [("<token>" if w == "SECRET" else w) for w in parsed["argv"]]
     parsed["line"] = "something else entirely < > |"  # never re-read when argv is there
-    assert with_changes(parsed, {"-c": 4096}) == "./llama-server -m /m.gguf -c 4096 --api-key <token> -ngl 99"
+    assert with_changes(parsed, {"-c": 4096}) == "./llama-server -m /m.gguf -c 4096 --api-key '<token>' -ngl 99"
     argv_parsed = parse_command(["./llama-server", "-m", "<home>/m.gguf", "-c", "5", "--api-key", "<token>"])
     assert argv_parsed["flags"]["model"] == "<home>/m.gguf"
-    assert with_changes(argv_parsed, {"-c": 8}) == "./llama-server -m <home>/m.gguf -c 8 --api-key <token>"
+    assert with_changes(argv_parsed, {"-c": 8}) == "./llama-server -m '<home>/m.gguf' -c 8 --api-key '<token>'"
 
 
 def test_real_redirections_still_recognised():

@@ -298,13 +298,31 @@ EXAMPLES = [
     ("requires-but-only", 'time=2026-06-30T15:20:44.102+09:00 level=INFO source=sched.go:598 msg="failed to create '
                           'server" model=gpt-oss-mlx:120b error="model requires 71.4 GiB but only 58.1 GiB are '
                           'available (after 512.0 MiB overhead)"', None, "memory_budget"),
+    ("turbomind-warmup-too-long", "[TM][ERROR] [Engine] Warm-up for 6144 tokens failed with status 6", "cuda",
+     "kv_capacity"),  # lmdeploy#4366 (Request::kTooLong)
+    ("turbomind-warmup-oom", "[TM][ERROR] [Engine] Warm-up for 8192 tokens failed with status 11", "cuda",
+     "compute_buffer"),  # Request::kOutOfMemory
+    ("vllm-mamba-blocks", "ValueError: max_num_seqs (1024) exceeds available Mamba cache blocks (722).", None,
+     "kv_capacity"),
+    ("tensorrt-requested", "[11/10/2023-06:30:40] [TRT] [W] Requested amount of GPU memory (24793579520 bytes) could "
+                           "not be allocated. There may not be enough free memory for allocation to succeed.", "cuda",
+     "unknown"),  # TensorRT-LLM#346
+    ("sglang-pool-too-small", "AssertionError: Memory pool size is too small", None, "kv_capacity"),
+    ("engine:llama.cpp", "llama_model_load: error loading model: MapViewOfFile failed: Not enough memory resources "
+                         "are available to process this command.", None, "model_weights"),
+    ("ollama-required-full", 'Error: 500 Internal Server Error: unable to load full model on GPU', None,
+     "memory_budget"),
+    ("torch-allocator-warning", "[rank0]:[W922 05:15:28] memory allocation failed with OOM on device 0 while trying to "
+                                "allocate 3630170112 bytes (free: 202833920, total: 25250627584).", "cuda", "unknown"),
 ]
 
 
 @pytest.mark.parametrize(("rule", "line", "backend", "phase"), EXAMPLES, ids=[f"{e[0]}-{i}" for i, e in enumerate(EXAMPLES)])
 def test_each_format_makes_a_failure(rule, line, backend, phase):
     assert is_key_line(line)
-    d = analyze_text(line + "\n")
+    # (a warning the engine may carry on after is the failure when the run then fails)
+    warn = any(r.warn for r in RULES if r.id == rule)
+    d = analyze_text(line + "\n" + ("Traceback (most recent call last):\n" if warn else ""))
     assert d["failure"]["phase"] != "none", d["failure"]
     evs = [e for e in parse_log([line]).events if e["kind"] == "oom"]
     assert d["failure"]["phase"] == phase
@@ -631,6 +649,7 @@ def test_vllm_v0_batched_tokens_below_max_len_turns_chunked_prefill_on():
     """vLLM 0.6 with chunked prefill off refuses --max-num-batched-tokens below max_model_len (vllm#9290 shape)."""
     log = ("INFO 10-11 12:20:00 llm_engine.py:237] Initializing an LLM engine (v0.6.3.post1) with config: "
            "model='m', max_seq_len=32768, chunked_prefill_enabled=False, gpu_memory_utilization=0.941\n"
+           "INFO 10-11 12:21:40 model_runner.py:1067] Loading model weights took 14.9926 GB\n"
            "ERROR 10-11 12:27:29 engine.py:157] OutOfMemoryError('CUDA out of memory. Tried to allocate 138.00 MiB. "
            "GPU 0 has a total capacity of 79.15 GiB of which 2.19 MiB is free.')\n")
     d = analyze_text(log, "vllm serve m --max-model-len 32768")
@@ -838,3 +857,89 @@ HUNT9 += [
 def test_hunt9_excerpts(log, want):
     f = analyze_text(log)["failure"]
     assert {k: f[k] for k in want} == want
+
+
+# --- formats read in the round-13/14 tuning (2026-12-02) -----------------------------------------------------------
+
+def test_a_vulkan_pipeline_error_is_not_an_allocation():
+    """ggml-vulkan's "vk::Device::createComputePipeline: ErrorUnknown" (a shader the driver could not build) after every
+    buffer was allocated: a failure, not a memory phase (only VkResult's OutOf*Memory errors are allocations)."""
+    log = ("llama_context:    Vulkan0 compute buffer size =   300.75 MiB\n"
+           "ggml_vulkan: Compute pipeline creation failed for flash_attn_f32_f16_aligned_f32accD128_cm1\n"
+           "ggml_vulkan: vk::Device::createComputePipeline: ErrorUnknown\n"
+           "terminate called after throwing an instance of 'vk::UnknownError'\n")
+    f = analyze_text(log)["failure"]
+    assert f["phase"] == "unknown" and f["backend"] == "vulkan", f
+
+
+def test_metal_backend_that_could_not_start_is_not_memory():
+    """ggml-metal's library that did not compile, then "failed to allocate context" (its backend object) and
+    llama-context's "failed to initialize Metal backend": a refused backend, phase unknown, not the context."""
+    log = ("ggml_metal_init: error: failed to initialize the Metal library\n"
+           "ggml_backend_metal_device_init: error: failed to allocate context\n"
+           "llama_init_from_model: failed to initialize the context: failed to initialize Metal backend\n"
+           "common_init_from_params: failed to create context with model 'm.gguf'\n")
+    d = analyze_text(log)
+    assert d["failure"]["phase"] == "unknown" and d["suggestions"] == [], d["failure"]
+
+
+def test_a_crash_looping_pod_is_a_failure():
+    log = "    State:          Waiting\n      Reason:       CrashLoopBackOff\n    Last State:     Terminated\n"
+    assert analyze_text(log)["failure"]["phase"] == "unknown"
+
+
+def test_torch_allocator_warning_is_the_failure_only_when_the_run_fails():
+    warn = ("[rank3]:[W814 16:06:55.441716306 CUDACachingAllocator.cpp:3933] memory allocation failed with OOM on "
+            "device 3 while trying to allocate 3177185280 bytes (free: 1243414528, total: 85094825984).\n")
+    carried_on = analyze_text(warn + "INFO 08-14 16:07:00 [loggers.py:127] Engine 000: Avg prompt throughput: 9.1 "
+                              "tokens/s\n")
+    assert carried_on["failure"]["phase"] == "none"
+    assert any(x["kind"] == "recovered_allocation" for x in carried_on["findings"])
+    failed = analyze_text(warn + "(Worker_TP1 pid=1) ERROR 08-14 16:06:55 [multiproc_executor.py:1020] WorkerProc hit "
+                          "an exception.\nTraceback (most recent call last):\n")["failure"]
+    assert (failed["failing_device"], failed["requested_mib"], failed["free_mib"], failed["verdict"]) == \
+        ("CUDA3", pytest.approx(3030.0, abs=0.01), pytest.approx(1185.81, abs=0.01), "exceeds_free")
+
+
+def test_a_chained_traceback_names_the_step_after_the_oom():
+    """vLLM V1: the OOM is raised first, its chained traceback then shows run_busy_loop (serving): compute."""
+    log = ("(EngineCore_DP0 pid=1) ERROR 10-24 01:26:57 [core.py:710] torch.OutOfMemoryError: CUDA out of memory. Tried "
+           "to allocate 960.00 MiB. GPU 0 has a total capacity of 79.14 GiB of which 712.75 MiB is free.\n"
+           "(EngineCore_DP0 pid=1) ERROR 10-24 01:26:57 [core.py:710] \n"
+           "(EngineCore_DP0 pid=1) ERROR 10-24 01:26:57 [core.py:710] The above exception was the direct cause of the "
+           "following exception:\n"
+           "(EngineCore_DP0 pid=1) ERROR 10-24 01:26:57 [core.py:710] \n"
+           "(EngineCore_DP0 pid=1) ERROR 10-24 01:26:57 [core.py:710] Traceback (most recent call last):\n"
+           "(EngineCore_DP0 pid=1) ERROR 10-24 01:26:57 [core.py:710]   File \"/v/vllm/v1/engine/core.py\", line 701, "
+           "in run_engine_core\n"
+           "(EngineCore_DP0 pid=1) ERROR 10-24 01:26:57 [core.py:710]     engine_core.run_busy_loop()\n")
+    assert analyze_text(log)["failure"]["phase"] == "compute_buffer"
+
+
+def test_a_settings_dump_is_not_a_step():
+    """LMDeploy's "TurbomindEngineConfig(..., max_prefill_token_num=8192, ...)" names settings ("_prefill"), not the
+    step of the OOM after it."""
+    log = ("TurbomindEngineConfig(dtype='auto', model_format='awq', tp=1, session_len=128000, max_batch_size=1, "
+           "cache_max_entry_count=0.8, max_prefill_token_num=8192, num_tokens_per_iter=0)\n"
+           "[TM][ERROR] CUDA runtime error: out of memory /opt/lmdeploy/src/turbomind/core/allocator.cc:49\n")
+    assert analyze_text(log)["failure"]["phase"] == "unknown"
+
+
+def test_an_oom_after_a_python_server_came_up_is_serving():
+    log = ("INFO:     Application startup complete.\n"
+           "future: <Task finished name='Task-5' coro=<RouterManager.loop_for_fwd() done> "
+           "exception=RuntimeError('Triton Error [CUDA]: out of memory')>\n")
+    assert analyze_text(log)["failure"]["phase"] == "compute_buffer"
+
+
+def test_ggml_cuda_error_block_names_the_device_of_any_reason():
+    log = ("CUDA error: the resource allocation failed\n  current device: 1, in function cublas_handle at "
+           "ggml/src/ggml-cuda/common.cuh:1500\n  cublasCreate_v2(&cublas_handles[device])\n")
+    assert analyze_text(log)["failure"]["failing_device"] == "CUDA1"
+
+
+def test_a_wrapped_old_torch_oom_gives_device_and_free():
+    log = ("OutOfMemoryError: CUDA out of memory. Tried to allocate 136.00 MiB (GPU 0; 15.89 GiB\n"
+           "total capacity; 15.53 GiB already allocated; 84.12 MiB free; 15.53 GiB reserved in\n")
+    f = analyze_text(log)["failure"]
+    assert (f["failing_device"], f["requested_mib"], f["free_mib"]) == ("CUDA0", 136.0, 84.12), f

@@ -482,3 +482,72 @@ def test_a_gate_missed_by_a_little_lowers_utilization_first():
                      "other processes.\n")
     first = d["suggestions"][0]
     assert first["id"] == "lower-gpu-memory-utilization" and first["change"]["--gpu-memory-utilization"] < 0.95
+
+
+# --- from the QA session of 2026-12-02 ------------------------------------------------------------------------------
+
+def test_q8_0_kv_with_flash_attention_off_turns_it_on():
+    """A quantized V cache needs flash attention: a command that says -fa off gets -fa on with q8_0 (pasted as it
+    was, llama.cpp would refuse "V cache quantization requires flash_attn")."""
+    d = analyze_text(KV_FAIL, "llama-server -m model.gguf -c 131072 -ngl 99 -fa off")
+    q8 = next(s for s in d["suggestions"] if s["id"] == "quantize-kv-cache")
+    assert "-fa on" in q8["command"] and "-fa off" not in q8["command"], q8["command"]
+
+
+def test_a_refused_quantized_v_cache_gets_flash_attention():
+    log = ("llama_init_from_model: failed to initialize the context: quantized V cache was requested, but this "
+           "requires Flash Attention\n")
+    d = analyze_text(log, "llama-server -m m.gguf -ctk q8_0 -ctv q8_0 -fa off")
+    assert [s["id"] for s in d["suggestions"]] == ["enable-flash-attn"]
+    assert "-fa on" in d["suggestions"][0]["command"]
+
+
+def test_placeholders_in_pasted_commands_are_quoted():
+    """A bare <token> is a shell redirection: the printed command quotes it."""
+    cmd = parse_command("llama-server -m /m.gguf -c 131072 -ngl 99 --api-key SECRET")
+    cmd["argv"] = [("<token>" if w == "SECRET" else w) for w in cmd["argv"]]
+    d = analyze({"schema": "kvreport/bundle@1", "log": {"lines": [[i + 1, x] for i, x in
+                                                                   enumerate(KV_FAIL.splitlines())]},
+                 "command": cmd})
+    commands = [s["command"] for s in d["suggestions"] if s.get("command")]
+    assert commands and all("'<token>'" in c for c in commands), d["suggestions"]
+
+
+TWO_GPUS = """llama_model_load_from_file_impl: using device CUDA0 (NVIDIA GeForce RTX 3090) - 23817 MiB free
+llama_model_load_from_file_impl: using device CUDA1 (NVIDIA GeForce RTX 3090) - 23817 MiB free
+print_info: n_ctx_train      = 131072
+print_info: n_layer          = 80
+print_info: n_head           = 64
+print_info: n_head_kv        = 8
+print_info: n_embd_head_k    = 128
+print_info: n_embd_head_v    = 128
+print_info: n_embd           = 8192
+load_tensors:        CUDA0 model buffer size = 17534.00 MiB
+load_tensors:        CUDA1 model buffer size = 21902.00 MiB
+load_tensors:          CPU model buffer size =   564.00 MiB
+llama_context: n_seq_max     = 1
+llama_context: n_ctx         = 32768
+llama_context: kv_unified    = true
+ggml_backend_cuda_buffer_type_alloc_buffer: allocating 5120.00 MiB on device 1: cudaMalloc failed: out of memory
+alloc_tensor_range: failed to allocate CUDA1 buffer of size 5368709120
+llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache
+"""
+
+
+def test_a_split_kv_counts_only_the_failing_devices_share():
+    """Layers split over two GPUs: CUDA1 holds half the KV (5120 of 10240 MiB), so the context that fits on it is
+    twice what the whole KV against its budget would say; and no --tensor-split is offered when the two GPUs
+    together cannot hold weights, KV and their compute margins (47,634 MiB free < 39,436 + 10,240 + 2 x 1,024)."""
+    d = analyze_text(TWO_GPUS, "llama-server -m m.gguf -c 32768 -ngl 99 -ts 1,1")
+    assert d["failure"]["failing_device"] == "CUDA1" and d["memory"]["kv_required_mib"] == 10240.0
+    left = 23817 - 21902  # CUDA1's free less its weights; half kept for the compute buffer (below the 1 GiB margin)
+    per_1k_on_cuda1 = 320 / 2
+    assert d["memory"]["max_ctx_fit"]["f16"] == int(left / 2 / per_1k_on_cuda1 * 1024) // 256 * 256
+    assert "rebalance-devices" not in [s["id"] for s in d["suggestions"]]
+
+
+def test_the_headline_says_what_was_left_at_the_failure():
+    from kvreport.render import render_text
+
+    text = render_text(analyze_text(TWO_GPUS))
+    assert "23,817 MiB free at load, 1,915 MiB left when it failed" in text

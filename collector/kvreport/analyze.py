@@ -57,6 +57,9 @@ ANALYZER_VERSION = "2.0.0"
 """Version of the analysis rules; the server stores it and re-analyzes when it changes."""
 
 _DEVICE_PREFIX = BACKEND_DEVICE_PREFIX
+_GGML_CUDA_BLOCK = re.compile(r"\b(?:CUDA|ROCm|MUSA|HIP) error\b")
+"""The first line of ggml's CUDA error block (ggml-cuda.cu ggml_cuda_error: "CUDA error: <reason>", "ROCm error" on
+HIP builds), whose next line names the device ("current device: N, in function F at FILE:L")."""
 KV_EXAMPLES = (
     # (shape, f16 KV bytes per token = n_layer x n_head_kv x head_dim x (K + V) x 2 bytes); from the models' configs
     ("Llama-3.1-8B (32 layers x 8 KV heads x 128)", 32 * 8 * 128 * 2 * 2),
@@ -452,6 +455,11 @@ class _Diagnosis:
         for e in real:
             if e["kind"] != "oom" or e["lineno"] in read:
                 continue
+            if e.get("warn") and not any(x["lineno"] > e["lineno"] and x["kind"] in ("oom", "engine", "final", "config")
+                                         for x in real):
+                self.finding("recovered_allocation", "the allocator warned that memory could not be had and the log "
+                             "shows no failure after it (it frees its cache and retries)", e["line"])
+                continue
             if any(n > e["lineno"] for n in success) and e.get("rule") not in REQUEST_RULES:
                 # (a refused request is final for that request: a server that goes idle after it did not recover it)
                 self.finding("recovered_allocation", "a memory error the engine carried on after (it came up later)",
@@ -497,6 +505,9 @@ class _Diagnosis:
         elif ev.get("rule") in REQUEST_RULES:
             self.finding("request_refused", "a request longer than the context was refused (no allocation failed: the "
                          "context, and the KV cache sized for it, is too small for the request)", ev["line"])
+        elif out["phase"] == "kv_capacity":
+            self.finding("kv_capacity", "the engine's KV cache holds fewer tokens than it was asked to process (no "
+                         "allocation failed; kvreport analyze --explain names the rule that read it)", ev["line"])
         else:
             self.finding("memory_error", "an out-of-memory error of the runtime" + (
                 "; the log does not name the buffer it was for" if out["phase"] == "unknown" else "")
@@ -587,6 +598,8 @@ class _Diagnosis:
         self.trail = {"rule": "logs.oom rule 'fatal-words'", "events": [fatal[-1]]}
         out["final_error"] = self.f.cause_error or self.f.final_error or fatal[-1]["line"]
         out["backend"] = next((e["backend"] for e in reversed(fatal) if e.get("backend")), "unknown")
+        out["failing_device"] = next((self._oom_device(e) for e in reversed(fatal) if e.get("device_index") is not None),
+                                     None)
         self.finding("failure_line", "the log shows a failure that kvreport does not read as a memory error",
                      fatal[-1]["line"])
         return True
@@ -606,7 +619,7 @@ class _Diagnosis:
         # llama.cpp's own stage when the error came: still loading the weights, or creating the context; once the
         # context printed its compute buffer sizes every buffer of it was allocated, and what fails next is the
         # graph's run (its scratch pools): the compute buffer
-        if ev.get("stage") == "context" and any("compute" in str(b.get("kind")) and not b.get("dry_run")
+        if ev.get("stage") in ("context", "serving") and any("compute" in str(b.get("kind")) and not b.get("dry_run")
                                                 for b in self.f.buffers or []):
             return "compute_buffer"
         phase = {"weights": "model_weights", "context": "context"}.get(ev.get("stage") or "",
@@ -644,8 +657,11 @@ class _Diagnosis:
             return "Metal" if backend == "metal" else "CPU" if backend == "cpu" and ev.get("memory", True) else None
         # torch's device index on its device type: ggml's name for that backend's device N (NPU 1 -> CANN1)
         prefix = {"rocm": "ROCm", "musa": "MUSA", "cann": "CANN", "sycl": "SYCL"}.get(ev.get("backend") or "", "CUDA") \
-            if ev.get("rule") in ("ggml-cuda-error", "torch-oom", "torch-exceed-allowed", "cuda-malloc-oom") else None
-        if ev.get("rule") == "ggml-cuda-error":
+            if ev.get("rule") in ("ggml-cuda-error", "torch-oom", "torch-exceed-allowed", "cuda-malloc-oom",
+                              "torch-allocator-warning") else None
+        if ev.get("rule") == "ggml-cuda-error" or (prefix is None and _GGML_CUDA_BLOCK.search(ev.get("line") or "")):
+            # (ggml's CUDA error block, "CUDA error: <any reason>" / "current device: N, in function F", names its
+            # device whatever the reason)
             prefix = {"rocm": "ROCm", "musa": "MUSA"}.get(self._oom_backend(ev), ev.get("cuda_name") or "CUDA")
         return f"{prefix}{idx}" if prefix else None
 
@@ -726,7 +742,7 @@ class _Diagnosis:
         lib = str(f.ollama.get("gpu_library") or "").lower()
         if lib in ("cuda", "rocm", "vulkan", "metal"):
             return lib
-        platform = str(f.vllm.get("platform") or "")
+        platform = str(f.vllm.get("platform") or ("cuda" if f.vllm.get("gpu_worker") else ""))
         if platform in ("cuda", "rocm", "cpu", "tpu", "xpu"):  # vLLM's "Automatically detected platform cuda."
             return {"xpu": "sycl", "tpu": "unknown"}.get(platform, platform)
         if names and all(backend_of_device(n) == "cpu" for n in names):
@@ -735,7 +751,9 @@ class _Diagnosis:
             b = backend_of_words(line.lower())
             if b:
                 return b
-        return "unknown"
+        # the failure layer's lines of the same end (ggml's "…/ggml-sycl/common.hpp:115: SYCL error" under a runner's
+        # "process has terminated")
+        return next((e["backend"] for e in reversed(f.events) if e["kind"] == "oom" and e.get("backend")), "unknown")
 
     def _device_free(self, device: str | None, backend: str) -> float | None:
         """Free MiB of ``device`` before the engine loaded, and where that figure came from.
@@ -822,6 +840,28 @@ class _Diagnosis:
             if name == device or (host and name == "CPU") or (not host and name == device + "_Mapped"):
                 used += buf.get("mib") or 0.0
         return used
+
+    def _split_room(self, failure: dict) -> float | None:
+        """MiB the GPUs of the failing backend would have left, all together, after the failed request: the free
+        memory each had at load less what the engine placed on it before the failure, less the request. Below zero
+        no --tensor-split can place the load; None when a device's free memory is not in the log."""
+        dev, req = failure.get("failing_device"), failure.get("requested_mib")
+        backend = backend_of_device(dev)
+        if not dev or req is None or backend in (None, "cpu"):
+            return None
+        names = [n for n in self.f.devices if backend_of_device(n) == backend]
+        frees = [(self.f.devices[n] or {}).get("free_mib") for n in names]
+        if len(names) < 2 or any(x is None for x in frees):
+            return None
+        at = self.primary.events[0]["lineno"] if self.primary and self.primary.events else None
+        whole = getattr(self, "kv_whole_mib", None)
+        if failure.get("phase") == "kv_cache" and whole:
+            # the whole KV must fit besides the weights, and each device keeps llama.cpp's compute margin
+            weights = sum(b.get("mib") or 0.0 for b in self.f.buffers if b.get("kind") == "model"
+                          and not b.get("dry_run") and b.get("device") in names)
+            from kvreport.fit import DEFAULT_HEADROOM_MIB
+            return sum(frees) - weights - whole - DEFAULT_HEADROOM_MIB * len(names)
+        return sum(frees) - sum(self._used_before(n, at) for n in names) - req
 
     def _only_device(self, out: dict) -> None:
         """A failing line that names no device (ggml-metal's "failed to allocate buffer, size = N MiB") on a backend of
@@ -1105,6 +1145,9 @@ class _Diagnosis:
         printed, printed_dry = self.printed_kv()
         kv = self._pick_kv(failure, size, printed, printed_dry)
         mem["kv_required_mib"] = _r2(kv)
+        if failure["phase"] == "kv_cache" and failure.get("requested_mib") and (size is not None or printed):
+            # (the whole configuration's KV, and the one buffer that failed: their ratio is that device's share)
+            self.failed_kv_mib, self.kv_whole_mib = failure["requested_mib"], kv
         real_rs = [r for r in f.rs_caches if not r.get("dry_run")]
         if real_rs:
             mem["rs_required_mib"] = _r2(real_rs[-1]["mib"])
@@ -1244,13 +1287,20 @@ class _Diagnosis:
         return len(devs) <= 1
 
     def _kv_share(self, device: str | None) -> float:
-        """Fraction of the KV that lives on ``device`` (from the per-device KV buffer lines)."""
+        """Fraction of the KV that lives on ``device``: from the per-device KV buffer lines; else, when the KV buffer
+        of ``device`` is the one that failed and the layers are split over several GPUs (llama.cpp allocates each
+        layer's KV on that layer's device), the failed buffer over the whole KV of the configuration."""
         bufs = [b for b in self.f.kv_buffers if not b.get("dry_run")] or list(self.f.kv_buffers)
         total = sum(b["mib"] for b in bufs)
         if device and total > 0:
             mine = sum(b["mib"] for b in bufs if b["device"] == device)
             if mine > 0:
                 return mine / total
+        failed, whole = getattr(self, "failed_kv_mib", None), getattr(self, "kv_whole_mib", None)
+        gpus = {b.get("device") for b in self.f.buffers if b.get("kind") == "model" and not b.get("dry_run")
+                and backend_of_device(b.get("device")) not in (None, "cpu")}
+        if device and failed and whole and len(gpus) >= 2 and device in gpus and 0.05 < failed / whole < 0.98:
+            return failed / whole
         return 1.0
 
     def _kv_budget(self, failure: dict, kv: float | None) -> float | None:
@@ -1443,6 +1493,8 @@ class _Diagnosis:
             request_tokens=(self.oom_event or {}).get("request_tokens"),
             limit_tokens=(self.oom_event or {}).get("limit_tokens"),
             limit_setting=(self.oom_event or {}).get("limit_setting"),
+            limit_seqs=(self.oom_event or {}).get("limit_seqs"),
+            fa_auto_disabled=f.ctx.get("flash_attn_resolved") == "disabled", split_room_mib=self._split_room(failure),
             kv_examples_fit=self._examples_fit() if self.summary and size is None else [],
             n_seq_known=cfg_d.get("n_seq_known", True),
             working_set=(self.oom_event or {}).get("rule") in ("metal-status-5", "metal-iogpu-oom", "metal-nil"),

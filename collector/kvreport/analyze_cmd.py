@@ -59,7 +59,9 @@ def _as_bundle(head: bytes, fh) -> dict | None:
         obj = json.loads(data.decode("utf-8", "replace"))
     except RecursionError:
         raise InputError("not a valid bundle: the JSON is nested too deeply") from None
-    except ValueError:
+    except ValueError as exc:
+        if b"kvreport/bundle@" in data[:400]:  # a bundle cut short or edited by hand: never read as a log
+            raise InputError(f"not a valid bundle: its JSON does not parse ({exc})") from None
         return None  # e.g. JSON lines of a log (--log-jsonl): read as a log
     if not isinstance(obj, dict):
         return None

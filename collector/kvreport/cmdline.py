@@ -1343,16 +1343,9 @@ def _fmt(value: Any) -> str:
 
 
 def _quote(token: str) -> str:
-    """shlex quoting, except that redaction placeholders stay readable (``-m <home>/m.gguf``).
-
-    A word whose only characters needing quotes are those of its placeholders is written bare:
-    the reader must replace ``<home>`` / ``<token>`` anyway, and :func:`parse_command` reads such a
-    word back as one word.
-    """
-    if "<" in token:
-        rest = PLACEHOLDER.sub("x", token)
-        if rest and shlex.quote(rest) == rest:
-            return token
+    """shlex quoting, redaction placeholders included: a bare ``<token>`` or ``<home>/m.gguf`` pasted into a shell is a
+    redirection (it reads a file named ``token``, or truncates ``/m.gguf``), so ``'<token>'`` is written quoted: the
+    pasted command stays one word the reader replaces, and :func:`parse_command` reads it back as that word."""
     return shlex.quote(token)
 
 

@@ -135,6 +135,15 @@ class Situation:
     limit_setting: str | None = None
     """The engine setting that limit is, when the line names one other than its context setting (TGI's
     --max-input-tokens)."""
+    split_room_mib: float | None = None
+    """MiB the GPUs of the failing backend would have left together after the failed request (free at load less what
+    the engine placed on them, less the request); below zero no --tensor-split places the load. None: not known."""
+    fa_auto_disabled: bool = False
+    """llama.cpp's "auto" flash attention was turned off for this model and backend ("Flash Attention was auto, set to
+    disabled"): turning it on would be refused as well."""
+    limit_seqs: int | None = None
+    """The concurrent sequences an engine's state pool holds, as its refusal gives them (vLLM's "max_num_seqs (N)
+    exceeds available Mamba cache blocks (M)")."""
     kv_estimate_mib: float | None = None
     final_error: str | None = None
     """The line that ended the run (the diagnosis's ``final_error``): for a failure that is not about memory, whether
@@ -242,8 +251,9 @@ since then it reads on|off|auto (builds near b6343 already pass a string, WasmEd
 def _fa_on(s: Situation) -> dict:
     """Flash attention on, in the form the user's build reads: nothing when it is already on (a bare -fa on the
     command line is the older builds' "on"), a bare flag for a build before :data:`FA_VALUE_BUILD`, else "on"."""
-    if s.flash_attn is True:
-        return {}
+    typed = str((s.flags or {}).get("flash_attn", "")).lower()
+    if s.flash_attn is True and typed not in ("off", "0", "false", "disabled"):
+        return {}  # (a command that says -fa off keeps it off when pasted, whatever the log printed)
     return {"--flash-attn": True} if s.engine_build and s.engine_build < FA_VALUE_BUILD else {"--flash-attn": "on"}
 
 
@@ -562,12 +572,14 @@ def _rebalance(b: _Builder, rank: float) -> None:
     s = b.s
     idx = _dev_index(s.failing_device)
     n = max(s.n_devices, (idx + 1) if idx is not None else 0)
-    if n < 2 or idx is None:
-        return
+    if n < 2 or idx is None or (s.split_room_mib is not None and s.split_room_mib < 0):
+        return  # (the devices together lack the room: no split places the load)
     split = ["1"] * n
     split[idx] = "0.5"
+    room = (f"; the {n} devices together keep {_mib(s.split_room_mib)} MiB after it" if s.split_room_mib is not None
+            else "")
     b.add(rank, "rebalance-devices", f"Move load off {s.failing_device}", {"--tensor-split": ",".join(split)},
-          f"{s.failing_device} gets about half its current share of layers (and their KV and compute)",
+          f"{s.failing_device} gets about half its current share of layers (and their KV and compute){room}",
           f"Each allocation lands on one device: {s.failing_device} ran out although the others may have room. "
           "Give it a smaller --tensor-split share or move tensors off it with -ot (playbook step 5).")
 
@@ -617,6 +629,20 @@ def _flash(b: _Builder, rank: float) -> None:
         b.add(rank, "enable-flash-attn", "Turn flash attention on", change,
               "the attention score tensor (n_head x n_kv x n_ubatch x 4 bytes) is no longer materialised",
               "Without flash attention the compute buffer grows with the context; with it the growth is small.")
+
+
+def _flash_for_v_cache(b: _Builder, rank: float) -> None:
+    """llama.cpp refused a quantized V cache without flash attention: turn it on (unless the build turned its own
+    "auto" off for this model and backend, when on would be refused too)."""
+    s = b.s
+    if s.fa_auto_disabled:
+        return
+    change = {"OLLAMA_FLASH_ATTENTION": 1} if _is_ollama(s) else _fa_on(s)
+    if change:
+        b.add(rank, "enable-flash-attn", "Turn flash attention on for the quantized V cache", change,
+              "the context is created with the quantized V cache",
+              "llama.cpp stores a quantized V cache only with flash attention (llama-context.cpp refuses it otherwise); "
+              "the alternative is an f16 V cache (--cache-type-v f16) at twice the V bytes.")
 
 
 def _alloc_limit(b: _Builder, rank: float) -> None:
@@ -1020,6 +1046,16 @@ def _py_one_seq(b: _Builder, rank: float) -> None:
               "KV for one sequence instead of several", "Each concurrent sequence reserves its own KV.")
 
 
+def _py_seqs_to_pool(b: _Builder, rank: float) -> None:
+    """The state pool holds ``limit_seqs`` sequences and the engine was set to run more at once: that many, no more."""
+    s = b.s
+    k = _py_knobs(s)
+    b.add(rank, "reduce-max-num-seqs", f"Lower {k['seqs_flag']} to {s.limit_seqs}", {k["seqs_flag"]: s.limit_seqs},
+          f"at most {s.limit_seqs} sequences at once, what the state pool holds",
+          "Each running sequence of a hybrid (Mamba / linear-attention) model holds one state block; the pool holds "
+          f"{s.limit_seqs}.")
+
+
 def _py_fp8(b: _Builder, rank: float) -> None:
     """fp8 KV halves the bytes per token (of a bf16/fp16 cache). When the log gives the KV one full-length request
     needs and the pool, and half of it still exceeds the pool, the change also sets the maximum length that fits at
@@ -1274,6 +1310,17 @@ def secondary_gpu(s: Situation) -> bool:
     return not s.working_set and bool(idx) and s.backend != "cpu"
 
 
+_V_QUANT_NEEDS_FA = re.compile(r"V cache quantization requires flash_attn|quantized V cache was requested, but this "
+                               r"requires Flash Attention")
+"""llama.cpp's refusal of a quantized V cache without flash attention (llama_new_context_with_model, 2024;
+llama-context.cpp "quantized V cache was requested, but this requires Flash Attention", 2025+)."""
+
+
+def v_quant_needs_fa(s: Situation) -> bool:
+    """The context was refused because its quantized V cache needs flash attention."""
+    return s.phase == "unknown" and bool(_V_QUANT_NEEDS_FA.search(s.final_error or ""))
+
+
 def graph_buffer(s: Situation) -> bool:
     """A compute (graph) buffer that is not Metal's whole working set."""
     return not s.working_set
@@ -1478,10 +1525,15 @@ def kv_alloc_oom(s: Situation) -> bool:
     return s.phase == "kv_cache" and s.torch_oom
 
 
+def seqs_over_pool(s: Situation) -> bool:
+    """The engine was set to run more sequences at once than its state pool holds (the line gives the pool)."""
+    return bool(s.limit_seqs)
+
+
 def pool_too_small(s: Situation) -> bool:
     """The KV pool exists but cannot hold one request of the maximum length (not a request refused for its length,
     not a pool whose own allocation failed)."""
-    return not negative_pool(s) and not request_refused(s) and not kv_alloc_oom(s)
+    return not negative_pool(s) and not request_refused(s) and not kv_alloc_oom(s) and not seqs_over_pool(s)
 
 
 def util_cannot_grow(s: Situation) -> bool:
@@ -1597,6 +1649,7 @@ RULES: tuple[Rule, ...] = (
     _r("raise-ctx", LLAMA, "kv_capacity", not_request_refused, 0.5, _raise_ctx),
     _r("reduce-batch", LLAMA, "kv_capacity", not_request_refused, 1, _reduce_batch),
     _r("bisect-regression", LLAMA, _UNK, crashed, -1, _bisect_crash),
+    _r("enable-flash-attn", LLAMA, _UNK, v_quant_needs_fa, -1, _flash_for_v_cache),
     _r("reduce-ctx", LLAMA, _UNK, huge_ctx, 0, _reduce_ctx),
     _r("quantize-kv-cache", LLAMA, _UNK, huge_ctx, 1, _quantize),
     _r("reduce-gpu-layers", LLAMA, _UNK, huge_ctx_on_gpu, 2, _reduce_layers_sized),
@@ -1621,6 +1674,7 @@ RULES: tuple[Rule, ...] = (
     _r("smaller-model-or-quant", PYTHON, ("kv_capacity", "kv_cache"), negative_pool, 1, _smaller_model),
     _r("more-devices", PYTHON, ("kv_capacity", "kv_cache"), negative_pool, 2, _py_more_devices),
     _r("raise-ctx", PYTHON, "kv_capacity", request_refused, -1, _raise_ctx),
+    _r("reduce-max-num-seqs", PYTHON, "kv_capacity", seqs_over_pool, -1, _py_seqs_to_pool),
     _r("reduce-max-model-len", PYTHON, ("kv_capacity", "kv_cache"), pool_too_small, 0, _py_reduce_max_len),
     _r("raise-gpu-memory-utilization", PYTHON, ("kv_capacity", "kv_cache"), sglang_pool_too_small, 0.5, _py_raise_util),
     _r("raise-gpu-memory-utilization", PYTHON, ("kv_capacity", "kv_cache"), vllm_pool_too_small, 1, _py_raise_util),
@@ -1681,19 +1735,25 @@ def suggest_explained(s: Situation, limit: int = 4) -> tuple[list[dict], list[di
     ``{"id", "rank", "rule"}`` (``rule``: "#N family phases when=condition build=builder", as docs/fix-rules.md
     numbers the rows)."""
     b = _Builder(s)
+    # a failure that is not about memory gets only its own rows (a crash: a known-good build; a refused setting: the
+    # setting the refusal names), never a memory fix
+    not_memory = next((w for w in NOT_MEMORY_CONDITIONS if w(s)), None)
     if s.phase not in MEMORY_PHASES and not (s.phase == "unknown" and (s.has_memory_event or tgi_unplaced(s)
-                                                                       or crashed(s))):
+                                                                       or not_memory)):
         return [], []
     fam = family_of(s)
-    crash = crashed(s)  # not memory: no memory fix, only the crash's own row
     for i, rule in enumerate(RULES, 1):
-        if crash and rule.when is not crashed:
+        if not_memory is not None and rule.when is not not_memory:
             continue
         if rule.family == fam and s.phase in rule.phases and rule.when(s):
             b.rule = f"#{i} {rule.family} {'/'.join(rule.phases)} when={rule.when.__name__} build={rule.build.__name__}"
             rule.build(b, rule.rank)
     out = b.result(limit)
     return out, [{"id": d["id"], "rank": b.origin[d["id"]][0], "rule": b.origin[d["id"]][1]} for d in out]
+
+
+NOT_MEMORY_CONDITIONS = (crashed, v_quant_needs_fa)
+"""The conditions of the rows for failures that are not about memory (see :func:`suggest_explained`)."""
 
 
 def _first_line(fn) -> str:

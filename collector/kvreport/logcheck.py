@@ -20,7 +20,8 @@ def not_a_log(head: bytes) -> str | None:
     """Why the first bytes of an input are not a log or a bundle (empty, or binary data), else None.
 
     Binary: a compressed or archive signature, or more than 1 % NUL bytes, or more than 10 % other control bytes
-    (a log keeps tabs, newlines, CR and ANSI escapes; a stray NUL or two in a crash log is still a log)."""
+    (a log keeps tabs, newlines, CR and ANSI escapes; a stray NUL or two in a crash log is still a log), or more
+    than 10 % of the bytes not UTF-8 (random or encrypted data; a Latin-1 log's accents are far fewer)."""
     if not head.strip():
         return "it is empty"
     for magic, what in _MAGIC:
@@ -33,6 +34,8 @@ def not_a_log(head: bytes) -> str | None:
     n = len(head)
     if head.count(0) > n / 100 or sum(head.count(c) for c in _CONTROL) > n / 10:
         return "it is binary data, not a log"
+    if head.decode("utf-8", "replace").count("\ufffd") > n / 10:
+        return "it is binary data, not a log"  # mostly bytes that are no UTF-8 (a Latin-1 log has a few, not 10 %)
     return None
 
 

@@ -19,7 +19,7 @@ from kvreport.devices import all_devices, device_label
 from kvreport.engines import BY_NAME
 from kvreport.picture import memory_picture, text_bars
 from kvreport.textsafe import visible_controls
-from kvreport.vocab import SETTING_TITLE, what_failed
+from kvreport.vocab import SETTING_TITLE, free_words, what_failed
 
 FENCE = "```"
 
@@ -114,7 +114,7 @@ def issue_title(bundle: dict, diagnosis: dict) -> str:
     if failure.get("requested_mib") is not None:
         req = f"({_fmt_mib(failure['requested_mib'])} requested"
         if failure.get("free_mib") is not None:
-            req += f", {_fmt_mib(failure['free_mib'])} free"
+            req += f", {free_words(diagnosis)}"
         parts.append(req + ")")
     return " ".join(parts)
 
@@ -257,8 +257,8 @@ def issue_body(bundle: dict, diagnosis: dict, url: str | None = None, max_log_li
     out.append("")
     out.append("- " + _failure_line(failure))
     if failure.get("requested_mib") is not None:
-        out.append(f"- Requested: {_fmt_mib(failure.get('requested_mib'))}; free on that device: "
-                   f"{_fmt_mib(failure.get('free_mib'))}")
+        out.append(f"- Requested: {_fmt_mib(failure.get('requested_mib'))}; on that device: "
+                   f"{free_words(diagnosis) or 'free memory not known'}")
     if memory.get("kv_required_mib") is not None:
         line = f"- KV cache of this configuration: {_fmt_mib(memory['kv_required_mib'])}"
         if memory.get("kv_mib_per_1k_tokens") is not None:

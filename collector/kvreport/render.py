@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvreport.units import fmt_mib as _mib
-from kvreport.vocab import BACKEND_TITLE, what_failed
+from kvreport.vocab import BACKEND_TITLE, free_words, what_failed
 
 
 def format_change(change: dict) -> str:
@@ -24,7 +24,7 @@ def format_change(change: dict) -> str:
     return " ".join(parts)
 
 
-def _failure_lines(f: dict, phase: str) -> list[str]:
+def _failure_lines(f: dict, phase: str, findings: list | None = None) -> list[str]:
     """``failed:`` (where, MiB requested vs free, verdict), ``deepest:`` and ``final:``/``cause:``."""
     if phase == "none":
         return []
@@ -34,8 +34,9 @@ def _failure_lines(f: dict, phase: str) -> list[str]:
     parts = [f"on {where}"] if where else []
     if f.get("requested_mib") is not None:
         parts.append(f"{_mib(f['requested_mib'])} MiB requested")
-    if f.get("free_mib") is not None:
-        parts.append(f"{_mib(f['free_mib'])} MiB free")
+    free = free_words({"failure": f, "findings": findings})
+    if free:
+        parts.append(free)
     if parts:
         out.append("  failed:   " + ", ".join(parts) + f"  [{f.get('verdict') or 'unknown'}]")
     if f.get("allocator_error"):
@@ -121,7 +122,7 @@ def render_text(diagnosis: dict, bundle: dict | None = None, facts=None) -> str:
     phase = f.get("phase") or "unknown"
     out = [f"kvreport: {sig.get('title') or d.get('engine', 'unknown')}",
            f"  what:     {what_failed(d)}"]
-    out += _failure_lines(f, phase)
+    out += _failure_lines(f, phase, d.get("findings"))
     out += _memory_lines(d.get("memory") or {})
     out += _picture_lines(d, bundle, facts)
     out += [f"  note:     {fd.get('text')}" for fd in (d.get("findings") or [])[:6]]

@@ -7,7 +7,10 @@ the signature, the text and Markdown renderers, the server's pages and filters.
 
 from __future__ import annotations
 
+import re
+
 from kvreport.engines import REGISTRY  # noqa: E402 - the engines are the registry's
+from kvreport.units import fmt_mib  # noqa: E402
 
 ENGINES = (*(e.name for e in REGISTRY), "unknown")
 PHASES = ("kv_cache", "compute_buffer", "model_weights", "context", "kv_capacity", "memory_budget", "none", "unknown")
@@ -95,3 +98,21 @@ def backend_of_device(name: str | None) -> str | None:
         if name.startswith(prefix):
             return backend
     return None
+
+
+def free_words(diagnosis: dict) -> str | None:
+    """The failing device's free memory in words: ``free_mib`` is what it had before loading (design.md); when the
+    engine had already placed buffers there, what was left at the failure too ("11,822 MiB free at load, 1,034 MiB
+    left when it failed"). None when the free memory is not known."""
+    free = (diagnosis.get("failure") or {}).get("free_mib")
+    if free is None:
+        return None
+    left = next((m.group(1) for x in diagnosis.get("findings") or [] if isinstance(x, dict)
+                 and x.get("kind") == "free_after_allocations" and (m := _LEFT.search(str(x.get("text") or "")))), None)
+    return (f"{fmt_mib(free)} MiB free at load, {left} MiB left when it failed" if left is not None
+            else f"{fmt_mib(free)} MiB free")
+
+
+_LEFT = re.compile(r"left ([\d,.]+) MiB$")
+"""The end of analyze's ``free_after_allocations`` finding ("... already allocated there left 1,034 MiB"): findings
+carry kind, text and line only (design.md), so the figure is read from the text kvreport itself wrote."""

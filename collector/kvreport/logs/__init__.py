@@ -118,7 +118,7 @@ WRAP_PHRASES = ("out of memory. Tried to allocate", "KV cache is needed", "large
 
 WRAP_PAIRS = (("max seq len", "KV cache is needed"), ("max seq len", "maximum number of tokens that can be stored"),
               ("Free memory on device", "desired GPU memory utilization"), ("out of memory.", "Tried to allocate"),
-              ("Tried to allocate", "has a total capacity of"),
+              ("Tried to allocate", "has a total capacity of"), ("Tried to allocate", "total capacity;"),
               ("model requires more", "than is available"), ("failed to allocate", "buffer of size"),
               ("Buffer overflow when allocating", "bytes available in AlignedAllocator"),
               ("using device", "MiB free"))
@@ -158,6 +158,8 @@ def _feed_one(f: LogFacts, raw, lineno: int) -> None:
     if prev and lineno - 2 <= prev[0] < lineno and len(prev[1]) < 4000:
         joined = wrap_join(prev[1], line, adjacent=prev[0] == lineno - 1)
         if joined is not None:
+            # the failure layer reads the whole message again from the joined text: its half read alone goes
+            f.events[:] = [e for e in f.events if not (e["kind"] == "oom" and e["lineno"] == prev[0])]
             _feed_parts(f, joined, lineno)
             return
     _feed_parts(f, line, lineno, present)

@@ -69,7 +69,9 @@ _PINNED = re.compile(r"(?:ggml_cuda_host_malloc: )?(?:warning: |WARNING: )?faile
 # ggml-vulkan: "Device memory allocation of size N failed" (ggml_vk_create_buffer) and, from ggml_vk_create_buffer_check,
 # "ggml_vulkan: Memory allocation of size N failed"
 _VK_ALLOC = re.compile(r"(?:Device m|ggml_vulkan: M)emory allocation of size (\d+) failed")
-_VK_ERR = re.compile(r"ggml_vulkan:\s*(.*(?:Error\w+|exceeds|No suitable memory).*)")
+# (the allocation errors of Vulkan's VkResult: out of device / host / pool memory, a failed map; a pipeline that did not
+# compile, "ErrorUnknown", a lost device are not allocations and stay with the failure layer)
+_VK_ERR = re.compile(r"ggml_vulkan:\s*(.*(?:Error(?:OutOf\w+|FragmentedPool|MemoryMapFailed)|exceeds|No suitable memory).*)")
 _VK_PINNED = re.compile(r"ggml_vulkan: Failed to allocate pinned memory")
 # ggml-metal: "ggml_backend_metal_buffer_type_alloc_buffer: error: failed to allocate buffer, size = %8.2f MiB"
 # (old) and "ggml_metal_buffer_init: error: ..." (new); Ollama forwards it as "error:failed to allocate buffer, size = ..."
@@ -109,7 +111,11 @@ _REASONS = (
     # batch's graph; the server then answers "Compute error.")
     (re.compile(r"failed to allocate compute (?:pp |tg )?buf|failed to reserve compute|failed to allocate the compute buffer|"
                 r"process_ubatch: failed to allocate graph"), "compute_buffer"),
-    (re.compile(r"unable to allocate (?:\S+ )?buffer|unable to allocate backend buffer|mmap failed: Cannot allocate memory|error loading model: .*(?:out of (?:device |host )?memory|Cannot allocate memory|failed to allocate|"
+    # (llama-mmap.cpp maps the model file: POSIX "mmap failed: <strerror>", Windows "MapViewOfFile failed: <system
+    # message>", ERROR_NOT_ENOUGH_MEMORY "Not enough memory resources are available..." or the commit limit)
+    (re.compile(r"unable to allocate (?:\S+ )?buffer|unable to allocate backend buffer|mmap failed: Cannot allocate memory|"
+                r"MapViewOfFile failed: (?:Not enough memory resources|The paging file is too small)|"
+                r"error loading model: .*(?:out of (?:device |host )?memory|Cannot allocate memory|failed to allocate|"
                 r"OutOf(?:Device|Host)Memory|OUT_OF_(?:DEVICE|HOST)_MEMORY)"), "model_weights"),
     (re.compile(r"memory layout cannot be allocated"), "context"),
 )
@@ -119,7 +125,17 @@ _CONFIG = re.compile(
     r"n_seq_max must be|requires flash_attn|requires Flash Attention|does not support different K|does not divide n_embd_head|"
     r"unknown model architecture|error loading model|GGML_ASSERT|invalid magic|not within the file bounds|"
     r"failed to read|tensor '.*' has|error: invalid argument|unknown argument|"
-    r"SPLIT_MODE_TENSOR requires|is not a GGUF file|failed to open")
+    r"SPLIT_MODE_TENSOR requires|is not a GGUF file|failed to open|"
+    # a backend that could not start, not memory: 2023-24 ggml-metal.m ggml_metal_init's shader library or pipeline
+    # ("ggml_metal_init: error: load pipeline error(2, CompilerError)", then "ggml_metal_init() failed"); 2026
+    # ggml-sycl.cpp ggml_backend_sycl_device_get_memory's GGML_ABORT "failed to get device memory size" (llama.cpp#28515)
+    r"ggml_metal_init\(\) failed|load pipeline error|failed to get device memory size|"
+    # 2025-26 ggml-metal: the shader library did not compile ("ggml_metal_init: error: failed to initialize the Metal
+    # library", then llama-context's "failed to initialize Metal backend"); llama-server's port already taken
+    # (server.cpp "couldn't bind HTTP server socket, hostname: H, port: P")
+    r"failed to initialize the Metal library|failed to initialize Metal backend|couldn't bind HTTP server socket|"
+    # ggml-metal's backend init when ggml_metal_init returned NULL (no device, no library): its context object, not memory
+    r"ggml_backend_metal\w*_init: error: failed to allocate context")
 _FINAL = re.compile(
     r"failed to create context|failed to create_context|exiting due to model loading error|unable to create context|"
     r"[Uu]nable to load model|failed to load model|server exited before becoming ready|llama_server exited with code|"
@@ -419,7 +435,7 @@ class Section:
 
 FAILURE_KEYWORDS = ("fail", "Fail", "FAIL", "rror", "alloc", "exit", "unable", "Unable", "insufficient", "listening",
                     "initializing", "idle", "started", "GGML_ASSERT", "not enough", "loaded", "OK: False", "main loop",
-                    "Cannot", "support", "requires", "must be")
+                    "Cannot", "support", "requires", "must be", "couldn't bind")
 
 # llamafile (llamafile/cuda.c, metal.c, vulkan.c, 2024-26): which GPU library it loaded ("Apple Metal GPU support
 # successfully loaded", "NVIDIA cuBLAS GPU support successfully loaded", "cuda: AMD ROCm GPU support successfully loaded")
@@ -784,4 +800,5 @@ def _feed_failure(f: LogFacts, line: str, lineno: int) -> bool:
         return True
     if _SUCCESS.search(line):
         f.add_event("success", lineno, line)
+        f.stage = "serving"  # the model and its context are up: a later error came while serving, not loading
     return False

@@ -191,7 +191,8 @@ def _final(f: LogFacts, line: str, lineno: int) -> bool:
     if not ("model failed to load" in line or ("Error:" in line and "500 Internal Server Error" in line)):
         return False
     f.engine_hints["ollama"] += 2
-    f.add_event("final", lineno, line)
+    # weak: the failure layer still reads the reason the relayed error carries ("...: unable to load full model on GPU")
+    f.add_event("final", lineno, line, weak=True)
     f.final_error = line
     f.add_error(line)
     return True

@@ -50,6 +50,8 @@ class OomRule:
     read: Callable[[re.Match], dict] | None = None
     generic: bool = False
     memory: bool = True
+    warn: bool = False
+    """A warning the engine may carry on after: the failure only when a failure line follows it in the log."""
 
 
 def _size(m: re.Match, g: int = 1, u: int | None = 2) -> dict:
@@ -297,6 +299,14 @@ RULES: tuple[OomRule, ...] = (
     OomRule("torch-oom", ("out of memory. Tried to allocate", "has a total capac", "backend out of memory"),
             _TORCH_RX, None, "torch CUDACachingAllocator OutOfMemoryError message (all torch 2.x)",
             phase=None, read=_torch),
+    # -- torch's caching allocator (2.8+) warns before it frees its cache and retries: "[rank3]:[W814 16:06:55.44
+    #    CUDACachingAllocator.cpp:3933] memory allocation failed with OOM on device 3 while trying to allocate N bytes
+    #    (free: F, total: T)." -- a warning: the failure only when the run then fails (a traceback, a dead worker)
+    OomRule("torch-allocator-warning", ("memory allocation failed with OOM on device",),
+            re.compile(r"memory allocation failed with OOM on device (\d+) while trying to allocate (\d+) bytes"
+                       r"(?: \(free: (\d+))?"), "cuda", "torch c10/cuda/CUDACachingAllocator.cpp (2.8+) TORCH_WARN",
+            read=lambda m: {"device_index": int(m.group(1)), "mib": int(m.group(2)) / 1048576.0,
+                            **({"free_mib": int(m.group(3)) / 1048576.0} if m.group(3) else {})}, warn=True),
     OomRule("torch-exceed-allowed", ("would exceed allowed memory",),
             re.compile(r"Allocation on device (\d+) would exceed allowed memory.{0,400}?Requested\s*:\s*([\d.]+) ?"
                        r"([KMGT]i?B)(?:.{0,200}?Free \(according to CUDA\):\s*([\d.]+) ?([KMGT]i?B|bytes))?"),
@@ -454,6 +464,15 @@ RULES: tuple[OomRule, ...] = (
     OomRule("turbomind-blocks", ("No enough blocks", "no enough blocks"), re.compile(r"[Nn]o enough blocks"), "cuda",
             "lmdeploy/turbomind LlamaBatch / BlockManager: the KV block pool cannot hold the batch", engine="lmdeploy",
             phase="kv_capacity"),
+    # -- TurboMind's warm-up (2025-26, engine/engine.cc): "[TM][ERROR] [Engine] Warm-up for N tokens failed with status
+    #    S", S a Request status (engine/request.h): 6 kTooLong "history + prompt > session_len" (the session length,
+    #    cut to what the KV pool holds, is below the warm-up's tokens: lmdeploy#4366), 11 kOutOfMemory
+    OomRule("turbomind-warmup-too-long", ("Warm-up for",),
+            re.compile(r"\[Engine\] Warm-up for (\d+) tokens failed with status 6\b"), "cuda",
+            "lmdeploy src/turbomind/engine (Request::kTooLong = 6)", engine="lmdeploy", phase="kv_capacity"),
+    OomRule("turbomind-warmup-oom", ("Warm-up for",),
+            re.compile(r"\[Engine\] Warm-up for (\d+) tokens failed with status 11\b"), "cuda",
+            "lmdeploy src/turbomind/engine (Request::kOutOfMemory = 11)", engine="lmdeploy", phase="compute_buffer"),
     # -- LMDeploy's PyTorch engine sizes its pools from free memory (executor/base.py): "No enough gpu memory for kv
     #    cache." / "... for state cache." (no block fits: the pool is too small, as vLLM's "No available memory for the
     #    cache blocks"), "No enough gpu memory for runtime." (nothing left for the prefill activations: its own budget);
@@ -597,8 +616,9 @@ RULES: tuple[OomRule, ...] = (
     OomRule("lmstudio-context-overflow", ("which is not enough",),
             re.compile(r"Trying to keep the first (?P<n>\d+) tokens when context the overflows\. However, the model is "
                        r"loaded with context length of only (?P<m>\d+) tokens"), None,
-            "LM Studio's context overflow policy refusal (lmstudio-bug-tracker#546, #237)", phase="kv_capacity",
-            read=_tokens),
+            "LM Studio's context overflow policy refusal (lmstudio-bug-tracker#546, #237); LM Studio's runtime is "
+            "llama.cpp unless its MLX engine's words say otherwise (they weigh more)", phase="kv_capacity",
+            engine="llama.cpp", read=_tokens),
     # -- LM Studio (llama.cpp and MLX engines, 2024-26): "The number of tokens to keep from the initial prompt is greater
     #    than the context length. Try to load the model with a larger context length, or provide a shorter input"
     OomRule("lmstudio-tokens-to-keep", ("tokens to keep from the initial prompt",),
@@ -623,6 +643,19 @@ RULES: tuple[OomRule, ...] = (
     OomRule("trtllm-kv-pool-too-small", ("maxTokensInPagedKvCache",),
             re.compile(r"maxTokensInPagedKvCache(?: \((?P<n>\d+)\))? must be large enough to process at least 1 "
                        r"sequence"), None, "TensorRT-LLM kvCacheManager.cpp", phase="kv_capacity"),
+    # -- vLLM (2025-26) with a hybrid model: one Mamba state block per running sequence, the block pool sized by the same
+    #    budget as the KV cache (config/compilation.py resolve_cudagraph_mode_and_sizes): "ValueError: max_num_seqs
+    #    (1024) exceeds available Mamba cache blocks (722)" -- the state pool cannot hold the configured sequences
+    OomRule("vllm-mamba-blocks", ("exceeds available Mamba cache blocks",),
+            re.compile(r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)"), None,
+            "vllm config/compilation.py (2025-26)", engine="vllm", phase="kv_capacity",
+            read=lambda m: {"limit_seqs": int(m.group(2))}),
+    # -- TensorRT's builder and runtime (TensorRT-LLM engine builds, ONNX Runtime's TensorRT provider): "[TRT] [W]
+    #    Requested amount of GPU memory (N bytes) could not be allocated. There may not be enough free memory for
+    #    allocation to succeed." next to "Error Code 2: OutOfMemory (no further information)" (TensorRT-LLM#346, #772)
+    OomRule("tensorrt-requested", ("Requested amount of GPU memory",),
+            re.compile(r"Requested amount of GPU memory \((\d+) bytes\) could not be allocated"), "cuda",
+            "TensorRT builder / runtime allocator warning (TensorRT 8-10)", read=lambda m: _size(m, 1, None)),
     # -- vLLM's start-up profiling saw free memory change under it (another process allocated or released memory):
     #    "Error in memory profiling. Initial free memory X GiB, current free memory Y GiB" (gpu_worker.py
     #    determine_available_memory; vllm#55169): its budget could not be measured, it refused to start -- a failure,
@@ -642,6 +675,17 @@ RULES: tuple[OomRule, ...] = (
     OomRule("ollama-errnomem", ("insufficient memory - required allocations",),
             re.compile(r"insufficient memory - required allocations: \{"), None, "ollama ml/backend.go ErrNoMem",
             engine="ollama", read=lambda m: _ollama_nomem(m.string)),
+    # -- SGLang's TP worker (managers/tp_worker.py): "assert self.max_req_len > 0 and self.max_req_input_len > 0,
+    #    'Memory pool size is too small'" -- the KV pool holds (almost) no token, no request could fit
+    OomRule("sglang-pool-too-small", ("Memory pool size is too small",),
+            re.compile(r"Memory pool size is too small"), None, "sglang srt/managers/tp_worker.py", engine="sglang",
+            phase="kv_capacity"),
+    # -- Ollama's scheduler (llm/server.go ErrLoadRequiredFull, 0.12+): "unable to load full model on GPU" -- its own
+    #    layout could not place the whole model on the GPUs when it had to (other models loaded); clients relay it
+    #    after "model requires more system memory than is currently available"
+    OomRule("ollama-required-full", ("unable to load full model on GPU",),
+            re.compile(r"unable to load full model on GPU"), None, "ollama llm/server.go ErrLoadRequiredFull",
+            engine="ollama", phase="memory_budget"),
     # -- llama.rn (React Native binding of llama.cpp; PocketPal and other phone apps): RNLlama's completion throws
     #    "Context is full" when the context filled up
     OomRule("llama-rn-context-full", ("Context is full", "Not enough context space"),
@@ -722,7 +766,7 @@ RULES: tuple[OomRule, ...] = (
                        r"(?:load|run) (?:the )?model|guardrailHasEnoughResources)"
                        r"(?:.{0,200}?requires approximately (?P<need>[\d.]+) ?(?P<nu>[KMGT]i?B))?"),
             None, "LM Studio model loading guardrails (lmstudio-bug-tracker#484, #1038, #1202, #1562)",
-            phase="memory_budget",
+            phase="memory_budget", engine="llama.cpp",
             read=lambda m: {"mib": _mib(m.group("need"), m.group("nu"))} if m.group("need") else {}),
     # -- failures that are not about memory, in formats no engine parser reads (phase unknown, no memory fix)
     OomRule("lmdeploy-session-len", ("run out of tokens", "exceed session max length"),
@@ -733,7 +777,7 @@ RULES: tuple[OomRule, ...] = (
     OomRule("lmstudio-load-failed", ('"title": "Failed to load model"',),
             re.compile(r'"title": "Failed to load model"'), None,
             "LM Studio's load error JSON (title / cause / errorData / data.memory): the load failed, the cause is in "
-            "the fields that follow", memory=False),
+            "the fields that follow", engine="llama.cpp", memory=False),
     # -- llama.cpp's RPC backend: the remote rpc-server died or answered nonsense ("Remote RPC server crashed or returned
     #    malformed response", ggml-rpc.cpp RPC_STATUS_ASSERT, 2025-26): the remote side may have been killed for memory,
     #    but this line does not say so
@@ -757,13 +801,15 @@ RULES: tuple[OomRule, ...] = (
                              "failed to allocate", "Failed to allocate", "unable to allocate", "Unable to allocate",
                              "could not allocate", "Could not allocate", "allocation failed", "Allocation failed",
                              "memory allocation", "Memory allocation", "more system memory", "requires more memory",
-                             "memory object", "Malloc failed", "GPU resources",
+                             "memory object", "Malloc failed", "GPU resources", "sufficient memory",
                              "OOM", "oom"),
             re.compile(r"(?i:out[ _-]?of[ _-]?memory|insufficient[ _]memory|not enough (?:\w+ )?memory|"
                        r"(?:could not|failed to|unable to) create (?:a )?memory object|"
                        r"(?:failed|unable|could not|cannot) to allocate|(?:memory )?allocation failed|"
                        r"memory allocation (?:of \d+ bytes )?failed|requires more (?:system )?memory|"
-                       r"(?:cuda|hip)Malloc failed|out of (?:gpu|device) resources)|\bOOM\b"),
+                       r"(?:cuda|hip)Malloc failed|out of (?:gpu|device) resources|"
+                       # a planner that found no place ("No cycles found with sufficient memory", EXO's placement)
+                       r"\bno \w+(?: \w+){0,3} with (?:sufficient|enough) memory)|\bOOM\b"),
             None, "catch-all for memory-error words (kvreport's failure layer)", generic=True),
 )
 
@@ -777,9 +823,11 @@ STAGES = (
       "Capturing", "Capture cuda graph"), "compute_buffer"),
     (("profile_run", "_dummy_run", "_dummy_sampler_run", "determine_num_available_blocks",
       "determine_available_memory", "warmup", "warm_up", "Warming up", "def warmup", "Warmup failed"), "compute_buffer"),
-    # (SGLang's KV pools: mem_cache/memory_pool.py _create_buffers "self.kv_buffer = torch.zeros(", the NPU one too)
+    # (SGLang's KV pools: mem_cache/memory_pool.py _create_buffers "self.kv_buffer = torch.zeros(", "self.k_buffer = [",
+    # the NPU one too; LightLLM's mem manager "self.key_buffer = [torch.empty(...", "self.value_buffer = [...")
     (("initialize_kv_cache", "_allocate_kv_cache", "allocate_kv_cache", "init_memory_pool", "_init_cache_engine",
-      "CacheEngine(", "_create_buffers", "kv_buffer = ", "allocate_gpu_cache"), "kv_cache"),
+      "CacheEngine(", "_create_buffers", "kv_buffer = ", "k_buffer = ", "v_buffer = ", "key_buffer = ",
+      "value_buffer = ", "allocate_gpu_cache"), "kv_cache"),
     # transformers' from_pretrained (_load_pretrained_model) and safetensors' loader (safetensors/torch.py load_file,
     # get_tensor) read the weights
     (("load_model", "load_weights", "weight_loader", "Loading weights", "Loading model weights",
@@ -787,7 +835,10 @@ STAGES = (
       # TGI's shard loading its weights (models/__init__.py get_model, layers' weights.get_multi_weights_col/_sharded)
       "in get_model", "get_multi_weights", "get_sharded",
       # ds4 (2026): "ROCm preparing model tensor mappings", "failed to prepare model tensor span"
-      "preparing model tensor", "prepare model tensor"), "model_weights"),
+      "preparing model tensor", "prepare model tensor",
+      # TensorRT's builder writing the engine's weights to device memory ("[globWriter.cpp::makeResizableGpuMemory::
+      # 423] Error Code 2: OutOfMemory", TensorRT-LLM engine builds)
+      "globWriter.cpp"), "model_weights"),
     # mlx-lm / mlx-vlm / LM Studio's mlx_engine (generate.py, server.py): evaluating the prompt cache's state is the
     # KV cache; prefill steps and generation are activations
     (("prompt_cache", "prompt cache"), "kv_cache"),
@@ -798,7 +849,13 @@ STAGES = (
     # client's "Request failed during generation": activations, after start-up
     ((", in forward", "generate_token", "Request failed during generation", ":prefill", "prefill{", "decode{",
       # vLLM's serving loop (V0 worker start_worker_execution_loop, V1 execute_model): a request's forward pass
-      "start_worker_execution_loop", "in execute_model", "async_llm_engine", "Engine loop is not running"),
+      "start_worker_execution_loop", "in execute_model", "async_llm_engine", "Engine loop is not running",
+      # uvicorn's "Application startup complete." / "Uvicorn running on": a Python server (vLLM, SGLang, LightLLM,
+      # llama-cpp-python) loads its model and pools before it serves; an OOM after it came in serving
+      "Application startup complete", "Uvicorn running on",
+      # vLLM V1's engine core and workers serving requests (v1/engine/core.py run_busy_loop, multiproc_executor.py
+      # worker_busy_loop)
+      "run_busy_loop", "worker_busy_loop"),
      "compute_buffer"),
 )
 """Python engines' start-up steps (traceback frames and log words) -> the phase of an OOM raised inside them."""
@@ -816,11 +873,17 @@ ENGINE_WORDS = (("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"), ("TurboMind
                 ("VLLM::", "vllm"),
                 # vLLM V0's AsyncLLMEngine when its loop died ("Engine loop is not running. Inspect the stacktrace ...")
                 ("Engine loop is not running", "vllm"),
+                # vLLM's config check (config.py _get_and_verify_max_len: "User-specified max_model_len (N) is greater
+                # than the derived max_model_len (...)"); SGLang's kernel package in a path or frame
+                ("derived max_model_len", "vllm"), ("/sgl-kernel/", "sglang"), ("sgl_kernel", "sglang"),
                 # ggml's own names in upper case and its C sources (GGML_ASSERT, "GGML backend", ggml.c, ggml-alloc.c)
                 ("GGML", "llama.cpp"), ("ggml.c", "llama.cpp"), ("common_fit_params", "llama.cpp"),
                 ("common_params_fit", "llama.cpp"),
-                # llama.cpp's common loader and llama-server's exit on a load error (common.cpp, server.cpp)
-                ("common_init_from_params", "llama.cpp"), ("exiting due to model loading error", "llama.cpp"))
+                # llama.cpp's common loader and llama-server's exit on a load error (common.cpp, server.cpp); its
+                # loader's own refusal (llama-model-loader / llama.cpp llama_model_load: "error loading model: ...",
+                # "unknown model architecture: '...'"), as bindings and apps relay it
+                ("common_init_from_params", "llama.cpp"), ("exiting due to model loading error", "llama.cpp"),
+                ("error loading model: ", "llama.cpp"), ("unknown model architecture: '", "llama.cpp"))
 """Words that name an engine this layer knows only through its memory errors (module names, log prefixes)."""
 
 WINDOWS_CRASH = ("0xc0000409", "0xc0000005", "-1073740791", "-1073741819", "3221226505", "3221225477")
@@ -843,7 +906,9 @@ FATAL = OomRule(
                     # Error'"); llama.cpp's fit step whose probe load failed
                     "Internal Server Error", "error while trying to fit params",
                     # ggml-metal (2026): after one command buffer failed, every later graph is refused
-                    "backend is in error state"),
+                    "backend is in error state",
+                    # Kubernetes: a container that keeps exiting (kubectl describe / get pods, kubelet's event)
+                    "CrashLoopBackOff", "Back-off restarting failed container"),
     re.compile(r"panic: |Traceback \(most recent call last\)|terminate called after throwing|Segmentation fault|"
                r"core dumped|\bAborted\b|\bFATAL\b|[Ff]atal error|GGML_ASSERT|ggml_abort|exit status -?\d|"
                r"exited with (?:code|status) -?[1-9]|level=ERROR|ShardCannotStart|failed to start|"
@@ -852,7 +917,7 @@ FATAL = OomRule(
                r"\b887A000[56]\b|DXGI_ERROR_DEVICE_(?:REMOVED|HUNG|RESET)|NVRM: Xid \(|amdgpu[ :][^\[\n]{0,40}\[gfxhub\S*\] page fault|"
                r"Failed to load LLM\b|\brunner crashed\b|\bpanicked at\b|error while loading shared libraries|"
                r"driver version is insufficient|Internal Server Error|encountered an error while trying to fit params|"
-               r"VM_L2_PROTECTION_FAULT|backend is in error state|"
+               r"VM_L2_PROTECTION_FAULT|backend is in error state|\bCrashLoopBackOff\b|Back-off restarting failed container|"
                r"\bcuBLAS error \d+|"
                r"illegal memory access|\bhas crashed\b|\(Exit code: -?\d+\)"
                # glibc backtrace_symbols: "/usr/lib/libllama.so(llama_decode+0xc)[0x7f15...]"
@@ -862,13 +927,17 @@ FATAL = OomRule(
 """Not a memory rule: a failure line kvreport cannot tie to memory (phase ``unknown``, no memory fix)."""
 
 CRASH = re.compile(r"GGML_ASSERT|ggml_abort|Segmentation fault|SIGSEGV|SIGABRT|core dumped|\bAborted\b|panic: |"
-                   r"terminate called|illegal memory access|ErrorDeviceLost|DEVICE_REMOVED|has crashed|" + _WINDOWS_CRASH_RX)
+                   r"terminate called|illegal memory access|ErrorDeviceLost|DEVICE_REMOVED|has crashed|"
+                   # an engine's own assertion (Python's AssertionError, a Metal shader's static_assert at library
+                   # build), ggml's fixed metadata pool sized too small by the engine itself (ggml_new_object)
+                   r"\bAssertionError\b|static_assert failed|ggml_new_object: not enough space|" + _WINDOWS_CRASH_RX)
 """The :data:`FATAL` lines that are a crash: an assert, a fatal signal, a lost device -- the engine's own bug or the
 driver's, not the configuration (kvreport.fixes.crashed)."""
 
 KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in (*RULES, FATAL) for k in r.keywords}
                                          | {w for w, _ in ENGINE_WORDS} | {w for ws, _ in STAGES for w in ws}
                                          | {"current device:", "hipMalloc(", "metal_limit=", "kv_budget=",
+                                            "direct cause of the following exception",
                                             "model_memory=", '"n_ctx": ', "radv/amdgpu:", *_KV_POOL_WORDS}))
 """Every literal that selects a line for this layer (derived from :data:`RULES`, never kept by hand)."""
 
@@ -938,11 +1007,17 @@ for _i, _rule in enumerate(RULES):
 """keyword -> the indexes of the :data:`RULES` rows it selects."""
 
 
+_CONFIG_DUMP = re.compile(r"(?:\b\w+=[^,=]{0,200}?,\s*){3}")
+"""A settings dump names settings, not a step: vLLM's "Initializing a V1 LLM engine (v0.x) with config: model=...,
+compilation_config={... cudagraph_capture_sizes ...}", LMDeploy's "TurbomindEngineConfig(..., max_prefill_token_num=
+8192, ...)", SGLang's "server_args=ServerArgs(...)" (three or more ``key=value,`` in a row)."""
+
+
 def stage_of(line: str, present: frozenset[str] | None = None) -> str | None:
     """The phase of the start-up or serving step a line names (:data:`STAGES`), or None. ``present``: the line's
     keywords when the caller has them (:data:`_WORDS`)."""
     present = _WORDS.present(line) if present is None else present
-    if present:
+    if present and not _CONFIG_DUMP.search(line):
         for words, phase in STAGES:
             if not present.isdisjoint(words):
                 # a step reported as finished ("Loading model weights took 16.96 GB", "Model loading took ...") is
@@ -958,14 +1033,27 @@ on Windows "warning: failed to VirtualLock N-byte buffer (after previously locki
 small ...", llama-mmap.cpp's Windows twin)."""
 
 
+def _mark_chained(f: LogFacts, lineno: int) -> None:
+    """Python's chained traceback ("The above exception was the direct cause of the following exception"): the OOM
+    just above is the cause, and the frames that follow name the step it came in (see :func:`_stage_after`)."""
+    for ev in reversed(f.events[-3:]):
+        if lineno - ev["lineno"] <= 3 and (ev["kind"] == "oom" or ev.get("torch_oom")):
+            ev["chained"] = True
+            return
+
+
 def _side_line(f: LogFacts, line: str, lineno: int) -> bool:
     """Lines that are not failures of their own: warnings the engine carries on after, the continuation lines of an
     error block, a KV pool size. True when the line was one of them (read)."""
     if ("failed to mlock" in line or "failed to VirtualLock" in line) and _NOT_A_FAILURE.search(line):
         f.warnings.append(line[:500])
+        f.engine_hints["llama.cpp"] += 1  # (llama-mmap.cpp's own warning)
         return True
     if "current device:" in line:
         _attach_device(f, line, lineno)
+        return True
+    if "direct cause of the following exception" in line:
+        _mark_chained(f, lineno)
         return True
     if ("metal_limit=" in line or "kv_budget=" in line or "model_memory=" in line) and _attach_metal_plan(f, line, lineno):
         return True
@@ -1022,7 +1110,8 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         if rule.engine:  # a format only one engine prints names it
             f.engine_hints[rule.engine] += 2 if rule.engine != "llama.cpp" else 1
         f.add_event("oom", lineno, line, rule=rule.id, backend=backend, phase=rule.phase, engine=rule.engine,
-                    generic=rule.generic, memory=rule.memory, py_stage=f.py_stage or None, **data)
+                    generic=rule.generic, memory=rule.memory, py_stage=f.py_stage or None,
+                    **({"warn": True} if rule.warn else {}), **data)
         return
     if not present.isdisjoint(FATAL.keywords) and FATAL.pattern.search(line):
         f.add_event("oom", lineno, line, rule=FATAL.id, backend=backend_of_words(line.lower()), phase=None,
@@ -1032,9 +1121,10 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
 def _stage_after(f: LogFacts, stage: str, lineno: int) -> None:
     """A step named just after an OOM that no step placed: multi-process engines print one worker's exception and
     then another's "Exception in worker ... while processing method start_worker_execution_loop" (vLLM V0) or its
-    traceback frames, so the step comes after the OOM line (at most 3 lines after)."""
+    traceback frames, so the step comes after the OOM line: at most 3 lines after, or 10 when the OOM was raised
+    first and its chained traceback follows ("The above exception was the direct cause of the following exception")."""
     for ev in reversed(f.events[-3:]):
-        if lineno - ev["lineno"] > 3:
+        if lineno - ev["lineno"] > (10 if ev.get("chained") else 3):
             return
         if ev["kind"] == "engine" and ev.get("torch_oom") and ev.get("phase") == "unknown":
             ev["phase"] = stage

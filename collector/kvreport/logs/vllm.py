@@ -80,6 +80,10 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
     if m:  # vllm/platforms/__init__.py (0.7+): "Automatically detected platform cuda."
         v["platform"] = m.group(1)
         f.engine_hints["vllm"] += 2
+    if "[gpu_worker.py:" in line or "[gpu_model_runner.py:" in line:
+        # V1's GPU worker (v1/worker/gpu_worker.py, gpu_model_runner.py): CUDA unless a platform line says otherwise
+        # (ROCm's "Automatically detected platform rocm."; XPU, TPU and CPU have workers of their own names)
+        v.setdefault("gpu_worker", True)
     m = _CHUNKED.search(line) if "max_num_batched_tokens=" in line else None
     if m:  # scheduler config (0.6+): "Chunked prefill is enabled with max_num_batched_tokens=2048."
         v["max_num_batched_tokens"] = int(m.group(1))
