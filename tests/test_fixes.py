@@ -551,3 +551,141 @@ def test_the_headline_says_what_was_left_at_the_failure():
 
     text = render_text(analyze_text(TWO_GPUS))
     assert "23,817 MiB free at load, 1,915 MiB left when it failed" in text
+
+
+# --- from the second QA session of 2026-12-02 (Ollama, vLLM, SGLang, TGI, LMDeploy) ----------------------------------
+
+def test_words_the_shell_was_to_expand_stay_expandable():
+    cmd = parse_command("docker run --gpus all -v $PWD/data:/data -v ~/.cache/hf:/root/.cache/hf --env HF=$HF_TOKEN "
+                        "vllm/vllm-openai:v0.10.1.1 --model m --max-model-len 131072")
+    from kvreport.cmdline import with_changes
+
+    line = with_changes(cmd, {"--max-model-len": 8192})
+    assert "-v $PWD/data:/data" in line and "-v ~/.cache/hf:/root/.cache/hf" in line and "HF=$HF_TOKEN" in line, line
+
+
+def test_a_version_field_is_not_an_address():
+    from kvreport.redact import Redactor
+
+    r = Redactor()
+    assert r.redact_obj({"engine": {"name": "vllm", "version": "0.10.1.1"}})["engine"]["version"] == "0.10.1.1"
+    assert r.redact_text("vllm 0.9.0.1 on 10.1.2.3") == "vllm 0.9.0.1 on <ip-1>"
+
+
+SAMPLER = ("ERROR 06-02 16:21:31 [core.py:500] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. "
+           "GPU 0 has a total capacity of 39.38 GiB of which 612.00 MiB is free.\n"
+           "ERROR 06-02 16:21:31 [core.py:500] RuntimeError: CUDA out of memory occurred when warming up sampler with "
+           "1024 dummy requests. Please try lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the "
+           "engine.\n")
+
+
+def test_a_sampler_warmup_oom_lowers_the_sequences_first():
+    """The sampler's batch is max_num_seqs (the line's dummy requests): fewer sequences first, and no tokens-per-step
+    change (it does not touch that batch, and vLLM refuses max_num_batched_tokens below max_num_seqs)."""
+    d = analyze_text(SAMPLER, "vllm serve m --max-num-batched-tokens 1024")
+    ids = [s["id"] for s in d["suggestions"]]
+    assert ids[0] == "reduce-max-num-seqs" and "reduce-batch" not in ids, ids
+    assert d["suggestions"][0]["change"] == {"--max-num-seqs": 512}
+
+
+def test_tgi_prefill_batch_below_the_input_limit_lowers_the_input_limit_too():
+    log = ("2024-11-05T09:12:29.118374Z ERROR warmup{max_input_length=Some(16000) max_prefill_tokens=16384 "
+           "max_total_tokens=Some(16384) max_batch_size=None}:warmup: text_generation_router_v3::client: "
+           "backends/v3/src/client/mod.rs:45: Server error: Not enough memory to handle 16384 prefill tokens. You need "
+           "to decrease `--max-batch-prefill-tokens`\n")
+    batch = next(s for s in analyze_text(log)["suggestions"] if s["id"] == "reduce-batch")
+    assert batch["change"] == {"--max-batch-prefill-tokens": 8192, "--max-input-tokens": 8192,
+                               "--max-total-tokens": 8576}, batch
+
+
+def test_tgi_kv_smaller_than_one_request_after_warmup_is_kv_capacity():
+    log = ("2023-10-06T09:14:05.902240Z  WARN text_generation_router: router/src/main.rs:235: Inferred max batch total "
+           "tokens: 6336\nError: ArgumentValidation(\"`max_total_tokens` must be <= `max_batch_total_tokens`. Given: "
+           "8192 and 6336\")\n")
+    assert analyze_text(log)["failure"]["phase"] == "kv_capacity"
+
+
+def test_graph_capture_oom_offers_fewer_graphs():
+    log = ("INFO 08-01 10:00:00 [gpu_model_runner.py:2000] Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 40%\n"
+           "ERROR 08-01 10:00:05 [core.py:700]   File \"/v/vllm/v1/worker/gpu_model_runner.py\", line 2100, in "
+           "capture_model\n"
+           "ERROR 08-01 10:00:05 [core.py:700] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 "
+           "MiB. GPU 0 has a total capacity of 23.54 GiB of which 120.00 MiB is free.\n")
+    ids = [s["id"] for s in analyze_text(log, "vllm serve m --gpu-memory-utilization 0.97")["suggestions"]]
+    assert "shrink-cuda-graphs" in ids[:2] and "reduce-batch" not in ids, ids
+
+
+def test_sglang_fraction_computed_from_its_avail_mem_lines():
+    """rest = avail after weights - avail before x (1 - fraction) (profile_max_num_token): the fraction that leaves
+    the pool 1 GiB, not a fixed step that leaves it nothing; and no fp8 KV when the rest is not positive."""
+    log = ("[2025-01-10 10:00:00 TP0] Load weight begin. avail mem=23.20 GB\n"
+           "[2025-01-10 10:00:20 TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=8.12 GB, "
+           "mem usage=15.08 GB.\n"
+           "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\n")
+    d = analyze_text(log, "python3 -m sglang.launch_server --model-path m --mem-fraction-static 0.6")
+    first = d["suggestions"][0]
+    assert first["change"] == {"--mem-fraction-static": 0.7}, first
+    assert "quantize-kv-cache" not in [s["id"] for s in d["suggestions"]]
+
+
+def test_ollama_journal_settings_go_to_the_unit_and_old_servers_get_num_ctx():
+    log = ("Jan 28 10:14:55 gpubox systemd[1]: Started ollama.service - Ollama Service.\n"
+           "Jan 28 10:14:55 gpubox ollama[2231]: time=2025-01-28T10:14:55.413Z level=INFO source=routes.go:1238 "
+           "msg=\"Listening on [::]:11434 (version 0.5.7)\"\n" + KV_FAIL)
+    d = analyze_text(log)
+    assert all(s["command"].startswith("sudo mkdir -p /etc/systemd/system/ollama.service.d") for s in d["suggestions"]
+               if s.get("command")), d["suggestions"]
+    ctx = [s for s in d["suggestions"] if s["id"] == "reduce-ctx"]
+    assert ctx and "num_ctx" in ctx[0]["change"], ctx
+
+
+def test_without_flash_attention_the_margin_covers_the_attention_scores():
+    """flash_attn = 0: the compute buffer after the KV holds n_kv x n_ubatch x n_head f32 scores and the logits, more
+    than the 1 GiB margin at the context that fits; the context is computed with that buffer kept out."""
+    log = KV_FAIL.replace("llama_context: n_ctx         = 131072\n",
+                          "llama_context: n_ctx         = 131072\nllama_context: flash_attn    = 0\n"
+                          "llama_context: n_ubatch      = 512\n") + "print_info: n_vocab          = 128256\n"
+    d = analyze_text(log)
+    fit = d["memory"]["max_ctx_fit"]["f16"]
+    free_left = 15221 - 4403.49
+    scores = (fit * 512 * 32 + 512 * 128256) * 4 / 2**20
+    assert fit * 128 / 1024 + scores <= free_left, (fit, scores)
+    assert any(x["kind"] == "kv_headroom_no_fa" for x in d["findings"])
+
+
+def test_ollama_refused_layout_gives_the_layers_that_fit():
+    log = ('time=2025-10-11T20:54:58.880+02:00 level=INFO source=types.go:112 msg="inference compute" id=GPU-97 '
+           'library=CUDA compute=8.6 name=CUDA0 description="NVIDIA GeForce RTX 3080" total="10.0 GiB" '
+           'available="9.2 GiB"\n'
+           'time=2025-10-11T20:55:04.020+02:00 level=WARN source=server.go:908 msg="memory layout cannot be allocated" '
+           'memory.CUDA0.Weights="[' + " ".join(["402653184"] * 26) + ']" memory.CUDA0.Cache="['
+           + " ".join(["67108864"] * 26) + ']" memory.CUDA0.Graph=1107296256\n'
+           'time=2025-10-11T20:55:04.021+02:00 level=INFO source=sched.go:511 msg="Load failed" model=m '
+           'error="memory layout cannot be allocated with num_gpu = 26"\n')
+    d = analyze_text(log)
+    layers = next(s for s in d["suggestions"] if s["id"] == "reduce-gpu-layers")
+    # (9.2 GiB - 1056 MiB graph) / (384 + 64 MiB a layer) = 18.67
+    assert layers["change"] == {"num_gpu": 18}, layers
+
+
+def test_ollama_errnomem_sums_the_failed_entries_and_names_the_whole_kv():
+    log = ("panic: insufficient memory - required allocations: {InputWeights:437452800A CPU:{Name:CPU ID: Weights:[0U] "
+           "Cache:[0U] Graph:0U} GPUs:[{Name:CUDA0 ID:GPU-0f Weights:[231735296A 231735296A] Cache:[167772160A "
+           "167772160A 167772160F 167772160F] Graph:671088640A}]}\n")
+    d = analyze_text(log)
+    assert (d["failure"]["phase"], d["failure"]["failing_device"]) == ("kv_cache", "CUDA0")
+    assert d["failure"]["requested_mib"] == 320.0 and d["memory"]["kv_required_mib"] == 640.0
+
+
+def test_ollama_on_a_gpu_under_compute_7_gets_no_q8_0_cache():
+    log = ('time=2025-01-28T10:14:55.800Z level=INFO source=types.go:131 msg="inference compute" id=GPU-1 '
+           'library=cuda variant=v12 compute=6.1 driver=12.4 name="NVIDIA GeForce GTX 1080 Ti" total="11.0 GiB" '
+           'available="10.8 GiB"\n' + KV_FAIL)
+    assert "quantize-kv-cache" not in [s["id"] for s in analyze_text(log)["suggestions"]]
+
+
+def test_lmdeploy_turbomind_oom_lowers_the_cache_share_first():
+    log = "[TM][ERROR] CUDA runtime error: out of memory /opt/lmdeploy/src/turbomind/utils/allocator.h:231\n"
+    d = analyze_text(log, "lmdeploy serve api_server m --session-len 32768 --cache-max-entry-count 0.8")
+    assert d["suggestions"][0]["change"] == {"--cache-max-entry-count": 0.5}
+    assert "reduce-max-model-len" not in [s["id"] for s in d["suggestions"]]

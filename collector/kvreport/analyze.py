@@ -217,7 +217,7 @@ class _Group:
                     return "model_weights" if e["buffer"] == "weights" else "kv_cache"
                 if e.get("stage") == "weights":
                     return "model_weights"
-                if e.get("stage") == "context":
+                if e.get("stage") in ("context", "kv"):
                     return "kv_cache"
                 if e.get("fn") == "alloc_tensor_range" and not e.get("stage"):
                     # ggml_backend_alloc_ctx_tensors_from_buft: the weights' buffers, or the KV cache's, which
@@ -227,7 +227,7 @@ class _Group:
         # only the backend's own line (ggml-cuda's "allocating N MiB on device D: cudaMalloc failed"): llama.cpp's
         # stage when it came places it — still loading the weights, or creating the context (which buffer unknown)
         stage = next((e.get("stage") for e in self.events if e["kind"] == "backend" and e.get("stage")), None)
-        return {"weights": "model_weights", "context": "context"}.get(stage or "", "unknown")
+        return {"weights": "model_weights", "context": "context", "kv": "kv_cache"}.get(stage or "", "unknown")
 
     def ggml(self) -> dict | None:
         for e in self.events:
@@ -540,6 +540,13 @@ class _Diagnosis:
         """The phase of a failed allocation group: its reason lines, else its buffer; a reason that says nothing more
         is the context; an allocation before the model's load failed is the weights."""
         phase = first.phase() if first.reasons else primary.phase()
+        if phase == "unknown" and primary.events:
+            # Ollama's new engine names the buffers that failed in its ErrNoMem panic after the backend's line
+            # ("insufficient memory - required allocations: {... Cache:[... 167772160F ...]}")
+            named = next((e.get("phase_hint") for e in self.f.events if e.get("rule") == "ollama-errnomem"
+                          and e.get("phase_hint") and 0 < e["lineno"] - primary.events[-1]["lineno"] <= 20), None)
+            if named:
+                return named
         if phase == "unknown" and primary.reasons:
             return "context"
         if phase == "unknown" and primary.events and self._load_failed_after(primary.events[0]["lineno"]):
@@ -622,8 +629,8 @@ class _Diagnosis:
         if ev.get("stage") in ("context", "serving") and any("compute" in str(b.get("kind")) and not b.get("dry_run")
                                                 for b in self.f.buffers or []):
             return "compute_buffer"
-        phase = {"weights": "model_weights", "context": "context"}.get(ev.get("stage") or "",
-                                                                       ev.get("fallback_phase") or "unknown")
+        phase = {"weights": "model_weights", "context": "context", "kv": "kv_cache"}.get(
+            ev.get("stage") or "", ev.get("fallback_phase") or "unknown")
         return "model_weights" if phase == "unknown" and self._load_failed_after(ev["lineno"]) else phase
 
     def _load_failed_after(self, lineno: int) -> bool:
@@ -828,18 +835,31 @@ class _Diagnosis:
 
     def _used_before(self, device: str | None, lineno: int | None) -> float:
         """MiB the engine had allocated on ``device`` before the failing line (weights, KV, output...)."""
-        if not device or lineno is None:
+        if not device:
             return 0.0
         used = 0.0
         host = device.startswith("CPU")
-        for buf in self.f.buffers:
+        for buf in self.f.buffers if lineno is not None else []:
             if buf.get("dry_run"):
                 continue
             name = buf.get("device") or ""
             # a GPU's "_Mapped" buffers (Metal's mmap-ed weights) sit in that GPU's memory (its working set)
             if name == device or (host and name == "CPU") or (not host and name == device + "_Mapped"):
                 used += buf.get("mib") or 0.0
+        if not used:
+            # Ollama's new engine prints its layout instead ('msg="model weights" buffer=CUDA0 size="9.4 GiB"'): the
+            # weights were placed before the KV and graph it then allocates
+            used = sum(x.get("mib") or 0.0 for x in self.f.ollama.get("layout") or []
+                       if x.get("what") == "model weights" and x.get("device") == device)
         return used
+
+    def _ollama_layer(self, failure: dict) -> dict | None:
+        """Ollama's refused layout on the failing GPU (or its only GPU), with the free memory the device had."""
+        layouts = self.f.ollama.get("layout_layers") or {}
+        dev = failure.get("failing_device") or (next(iter(layouts)) if len(layouts) == 1 else None)
+        lay = layouts.get(dev) if dev else None
+        free = (self.f.devices.get(dev) or {}).get("free_mib") if dev else None
+        return {**lay, "free_mib": free} if lay and free else None
 
     def _split_room(self, failure: dict) -> float | None:
         """MiB the GPUs of the failing backend would have left, all together, after the failed request: the free
@@ -1160,6 +1180,7 @@ class _Diagnosis:
         if shape is not None and cfg is not None and budget_mib is not None and budget_mib > 0:
             share = self._kv_share(failure.get("failing_device"))
             fits = {}
+            budget_mib = self._no_fa_budget(kvcache, shape, cfg, cfg_d, budget_mib, share, failure)
             for t in ("f16", "q8_0", "q4_0"):
                 c = cfg.with_(cache_type_k=t, cache_type_v=t, flash_attn=True if t != "f16" else cfg.flash_attn)
                 fits[t] = int(kvcache.max_ctx_fit(shape, budget_mib * MIB / share, c))
@@ -1219,6 +1240,10 @@ class _Diagnosis:
             kv = printed
             self.finding("dry_run_kv", f"the KV size comes from the auto-fit dry run ({_fmt(printed)} MiB); "
                          "the real attempt did not print one")
+        elif failure["phase"] == "kv_cache" and f.ollama.get("nomem_cache_mib"):
+            kv = f.ollama["nomem_cache_mib"]
+            self.finding("kv_from_ollama_layout", f"the KV size is the Cache list of Ollama's insufficient-memory table "
+                         f"({_fmt(kv)} MiB, allocated and failed entries together)")
         elif failure["phase"] == "kv_cache" and failure["requested_mib"] is not None:
             kv = failure["requested_mib"]
             self.finding("kv_from_failed_buffer", "the log has no model parameters; the KV size is the failed KV "
@@ -1303,6 +1328,34 @@ class _Diagnosis:
             return failed / whole
         return 1.0
 
+    def _no_fa_budget(self, kvcache, shape, cfg, cfg_d: dict, budget_mib: float, share: float, failure: dict) -> float:
+        """Without flash attention llama.cpp's compute buffer holds the attention scores of a micro-batch against the
+        whole cache (n_kv x n_ubatch x n_head f32) and the logits (n_ubatch x n_vocab f32): at the context that fits
+        it can exceed the margin kept for it. The budget is lowered until the margin covers that buffer at the context
+        it gives (a few steps; each only shrinks the context)."""
+        hp = self.f.hparams
+        n_head, n_vocab = to_int(hp.get("n_head")), to_int(hp.get("n_vocab")) or 0
+        head = getattr(self, "headroom_mib", None)
+        if cfg_d.get("flash_attn") is not False or failure["phase"] != "kv_cache" or not n_head or head is None \
+                or getattr(self, "headroom_printed", False):
+            return budget_mib
+        ub = cfg_d.get("n_ubatch") or 512
+        c16 = cfg.with_(cache_type_k="f16", cache_type_v="f16")
+        for _ in range(4):
+            n = int(kvcache.max_ctx_fit(shape, budget_mib * MIB / share, c16))
+            need = (n * ub * n_head + ub * n_vocab) * 4 / MIB
+            if need <= head or n == 0:
+                break
+            budget_mib = max(0.0, budget_mib - (need - head))
+            head = need
+        if head != self.headroom_mib:
+            self.headroom_mib = head
+            self.headroom_why = (f"{_fmt(head)} MiB for the compute buffer: without flash attention it holds the "
+                                 f"attention scores (n_kv x {ub} x {n_head} heads x 4 B) and the logits")
+            self.finding("kv_headroom_no_fa", f"flash attention is off: the compute buffer at the context that fits "
+                         f"is about {_fmt(head)} MiB, kept out of the KV's budget ({_fmt(budget_mib)} MiB)")
+        return budget_mib
+
     def _kv_budget(self, failure: dict, kv: float | None) -> float | None:
         """MiB available to the KV cache on the failing device."""
         free = getattr(self, "free_at_failure", None)
@@ -1320,6 +1373,7 @@ class _Diagnosis:
             dev = failure.get("failing_device")
             comp = [b["mib"] for b in self.f.buffers if b.get("kind") == "compute" and dev and b.get("device") == dev
                     and b.get("mib")]
+            self.headroom_printed = bool(comp)
             if comp:
                 head, why = max(comp), f"the {_fmt(max(comp))} MiB compute buffer the log printed for {dev}"
             else:
@@ -1494,6 +1548,12 @@ class _Diagnosis:
             limit_tokens=(self.oom_event or {}).get("limit_tokens"),
             limit_setting=(self.oom_event or {}).get("limit_setting"),
             limit_seqs=(self.oom_event or {}).get("limit_seqs"),
+            running_seqs=next((e["running_seqs"] for e in f.events if e.get("running_seqs")), None),
+            sampler_warmup=any(e.get("rule") == "vllm-sampler-warmup" for e in f.events),
+            graph_capture=f.graph_capture and failure["phase"] == "compute_buffer",
+            min_cuda_compute=f.ollama.get("min_cuda_compute"), ollama_version=f.ollama.get("version"),
+            ollama_layer=self._ollama_layer(failure),
+            ollama_service=bool(f.ollama.get("systemd")),
             fa_auto_disabled=f.ctx.get("flash_attn_resolved") == "disabled", split_room_mib=self._split_room(failure),
             kv_examples_fit=self._examples_fit() if self.summary and size is None else [],
             n_seq_known=cfg_d.get("n_seq_known", True),

@@ -1345,8 +1345,22 @@ def _fmt(value: Any) -> str:
 def _quote(token: str) -> str:
     """shlex quoting, redaction placeholders included: a bare ``<token>`` or ``<home>/m.gguf`` pasted into a shell is a
     redirection (it reads a file named ``token``, or truncates ``/m.gguf``), so ``'<token>'`` is written quoted: the
-    pasted command stays one word the reader replaces, and :func:`parse_command` reads it back as that word."""
-    return shlex.quote(token)
+    pasted command stays one word the reader replaces, and :func:`parse_command` reads it back as that word.
+
+    A word the user's shell was to expand keeps that: ``$PWD/data:/data``, ``HF_TOKEN=$HF_TOKEN`` and ``~/.cache`` stay
+    bare when the rest of the word needs no quotes, else the word is double-quoted (``"$HOME/my dir"``, with a leading
+    ``~/`` left outside the quotes), never single-quoted (which would pass ``$PWD`` literally)."""
+    if "$" not in token and not token.startswith("~"):
+        return shlex.quote(token)
+    tilde = token[:2] if token.startswith("~/") else ("~" if token == "~" else "")
+    rest = token[len(tilde):]
+    if shlex.quote(_SHELL_VAR.sub("x", rest) or "x") == (_SHELL_VAR.sub("x", rest) or "x"):
+        return tilde + rest
+    return tilde + '"' + "".join("\\" + c if c in '"\\`' else c for c in rest) + '"'
+
+
+_SHELL_VAR = re.compile(r"\$(?:\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
+"""A shell variable reference the user typed (``$PWD``, ``${HF_TOKEN}``)."""
 
 
 def _remove_llama(args: list[str], opt: _Opt) -> tuple[list[str], int | None, str | None, bool]:

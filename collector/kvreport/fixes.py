@@ -38,6 +38,8 @@ SUGGESTION_IDS = (
                                      # so the fraction must go DOWN to start next to other processes
     "raise-ctx",  # a request longer than the context (or the KV filled up while serving): the context must grow,
                   # computed from the request's tokens and checked against kvreport's own fit
+    "shrink-cuda-graphs",  # an OOM while a Python engine captured its CUDA graphs: fewer / smaller graphs
+                           # (vLLM --enforce-eager, SGLang --cuda-graph-max-bs or --disable-cuda-graph)
     "raise-memory-limit",  # a host (CPU) buffer far under the machine's RAM was refused: a per-process cap
                            # (ulimit -v / RLIMIT_AS, a cgroup/container memory.max, strict overcommit) or other
                            # processes; check `ulimit -v`, `cat /sys/fs/cgroup/memory.max`, docker --memory
@@ -138,6 +140,24 @@ class Situation:
     split_room_mib: float | None = None
     """MiB the GPUs of the failing backend would have left together after the failed request (free at load less what
     the engine placed on them, less the request); below zero no --tensor-split places the load. None: not known."""
+    running_seqs: int | None = None
+    """The sequences the engine ran at once when it failed, as its line gives them (vLLM's sampler warm-up "with N
+    dummy requests" is max_num_seqs)."""
+    ollama_layer: dict | None = None
+    """Ollama's refused layout on the failing GPU: {"layers", "per_layer_mib" (weights + KV of one layer), "graph_mib"}
+    and "free_mib", what the device had for it ("inference compute ... available")."""
+    ollama_version: str | None = None
+    """Ollama's version as its log printed it ("Listening on ... (version 0.5.7)")."""
+    ollama_service: bool = False
+    """The log is the journal of Ollama's systemd unit ("ollama[PID]:", "Started ollama.service"): its settings are the
+    unit's environment, not a command's."""
+    min_cuda_compute: float | None = None
+    """The lowest CUDA compute capability Ollama listed ("inference compute ... compute=6.1")."""
+    graph_capture: bool = False
+    """The engine was capturing CUDA graphs when it failed (kvreport.logs.facts.LogFacts.graph_capture)."""
+    sampler_warmup: bool = False
+    """vLLM's sampler warm-up ran out of memory ("CUDA out of memory occurred when warming up sampler with N dummy
+    requests"), wherever the log placed the failure."""
     fa_auto_disabled: bool = False
     """llama.cpp's "auto" flash attention was turned off for this model and backend ("Flash Attention was auto, set to
     disabled"): turning it on would be refused as well."""
@@ -199,7 +219,19 @@ _NO_REWRITE_PROGRAMS = ("llama_cpp.",)
 takes --n_ctx, --n_gpu_layers, not llama-server's -c, -ngl): their command is not rewritten, the change is given."""
 
 
+def _ollama_unit_command(env: dict) -> str:
+    """The OLLAMA_* settings as a drop-in of Ollama's systemd unit, applied and the service restarted (Ollama's FAQ:
+    "Setting environment variables on Linux"), in one line to paste."""
+    lines = "".join(f'Environment="{k}={v}"\\n' for k, v in env.items())
+    return ("sudo mkdir -p /etc/systemd/system/ollama.service.d && printf '[Service]\\n" + lines + "' | sudo tee "
+            "/etc/systemd/system/ollama.service.d/kvreport.conf >/dev/null && sudo systemctl daemon-reload && "
+            "sudo systemctl restart ollama")
+
+
 def _command(s: Situation, change: dict) -> str | None:
+    env = {k: v for k, v in change.items() if k.startswith("OLLAMA_")}
+    if _is_ollama(s) and s.ollama_service and env and len(env) == len(change):
+        return _ollama_unit_command(env)  # (the server is the unit: a second "ollama serve" would not bind its port)
     if not s.command or not (s.command.get("argv") or s.command.get("line")):
         return None
     if s.command.get("engine") != s.engine or str(s.command.get("program") or "").startswith(_NO_REWRITE_PROGRAMS):
@@ -265,7 +297,16 @@ def _ollama_slots(s: Situation) -> int:
 
 def _ctx_change(s: Situation, n: int) -> dict:
     """The change that gives the engine a context of ``n`` tokens in all (Ollama: per request, n / slots)."""
-    return {"OLLAMA_CONTEXT_LENGTH": n // _ollama_slots(s)} if _is_ollama(s) else {"--ctx-size": n}
+    if _is_ollama(s):
+        return {_ollama_ctx_knob(s): n // _ollama_slots(s)}
+    return {"--ctx-size": n}
+
+
+def _ollama_ctx_knob(s: Situation) -> str:
+    """Ollama's context setting: OLLAMA_CONTEXT_LENGTH (the server's default, 0.5.13+), else num_ctx (a Modelfile's
+    PARAMETER or the request's option), the only one older servers read."""
+    ver = re.match(r"(\d+)\.(\d+)\.(\d+)", s.ollama_version or "")
+    return "num_ctx" if ver and tuple(map(int, ver.groups())) < (0, 5, 13) else "OLLAMA_CONTEXT_LENGTH"
 
 
 def _ctx_title(s: Situation, n: int) -> str:
@@ -323,7 +364,7 @@ def _reduce_ctx(b: _Builder, rank: float) -> None:
     if not cur:
         big_cb = big_compute_unknown_ctx(s)
         if s.phase in ("kv_cache", "context") or s.kv_update or budget_names_cache(s) or big_cb:
-            flag = "OLLAMA_CONTEXT_LENGTH" if _is_ollama(s) else _CTX_KNOB_OF_RULE.get(s.oom_rule or "", "--ctx-size / -c")
+            flag = _ollama_ctx_knob(s) if _is_ollama(s) else _CTX_KNOB_OF_RULE.get(s.oom_rule or "", "--ctx-size / -c")
             what = (f"a {_mib(s.requested_mib)} MiB compute buffer at the default micro-batch comes from a long context "
                     f"(its attention scores grow with it)" if big_cb else
                     "the log shows neither the context size nor the KV cost per token")
@@ -487,6 +528,8 @@ def _quantize(b: _Builder, rank: float) -> None:
     target = _q8_ctx(s)
     if target == 0:
         return  # even the smallest context does not fit at q8_0: other rules apply
+    if _is_ollama(s) and s.min_cuda_compute is not None and s.min_cuda_compute < 7.0:
+        return  # Ollama keeps flash attention off on a GPU under compute 7.0, and with it an f16 cache (llm/server.go)
     if _is_ollama(s):
         change = {"OLLAMA_KV_CACHE_TYPE": "q8_0", "OLLAMA_FLASH_ATTENTION": 1}
     else:
@@ -543,6 +586,19 @@ def _reduce_layers(b: _Builder, rank: float, requested: float | None = None) -> 
     elif isinstance(cur, int) and cur >= 99:
         cur = None  # the "all layers" idiom with the model's layer count unknown: 3/4 of 99 may change nothing
     n = None
+    lay = s.ollama_layer if _is_ollama(s) else None
+    if lay and lay.get("free_mib") and lay.get("per_layer_mib"):
+        # the layers whose weights and KV fit beside the compute graph in what the device had (Ollama's own numbers)
+        fit = int((lay["free_mib"] - lay["graph_mib"]) / lay["per_layer_mib"])
+        if 0 <= fit < lay["layers"]:
+            change = {"num_gpu": fit}
+            b.add(rank, "reduce-gpu-layers", f"Offload fewer layers to the GPU ({fit})", change,
+                  f"{fit} layers x {_mib(lay['per_layer_mib'])} MiB (weights and KV) + the {_mib(lay['graph_mib'])} MiB "
+                  f"graph within the {_mib(lay['free_mib'])} MiB the GPU had; or drop num_gpu and let Ollama place them",
+                  "Ollama could not place the layers it was told to (num_gpu set in the Modelfile or the request): "
+                  "fewer layers on the GPU, or no num_gpu at all, lets its own layout fit (PARAMETER num_gpu / the "
+                  "num_gpu request option).")
+            return
     if isinstance(cur, int) and 0 < cur < 900:
         n = max(0, int(cur * 0.75))
     elif s.offloaded_layers:
@@ -769,6 +825,8 @@ def _bisect_crash(b: _Builder, rank: float) -> None:
 def _smaller_model(b: _Builder, rank: float) -> None:
     why = ("The weights were refused although they fit the free memory the log reported; a smaller model only helps "
            "under the same limit." if b.s.verdict == "fits_but_failed"
+           else "The weights fit, but leave too little of the budget to the KV cache: smaller weights leave it more."
+           if b.s.phase in ("kv_capacity", "kv_cache")
            else "The weights alone do not fit the memory available for them.")
     example = {LLAMA: "e.g. Q4_K_M is about 60 % of Q8_0", MLX: "a 4-bit MLX quant is about a quarter of 16-bit weights"
                }.get(family_of(b.s), "FP8 halves 16-bit weights; 4-bit AWQ/GPTQ quarters them")
@@ -943,6 +1001,9 @@ def _py_raise_util_change(s: Situation) -> dict | None:
     """The raised fraction: computed when the log gives the KV needed, the pool and the device total (the pool grows
     by the added fraction x total), else 0.05 more; None when the current value is already at 0.95 or the computed one
     would be above it (raising cannot close the gap: no suggestion predicted to fail)."""
+    sg_new = _sglang_fraction(s)
+    if sg_new is not None:
+        return {"--mem-fraction-static": sg_new} if sg_new <= 0.95 else None
     cur = _py_cur_util(s)
     if not cur:
         return {}
@@ -962,6 +1023,27 @@ def _py_raise_util_change(s: Situation) -> dict | None:
     if new <= cur:
         return None
     return {_py_knobs(s)["util_flag"]: new}
+
+
+def _sglang_rest_mib(s: Situation, fraction: float) -> float | None:
+    """SGLang's memory for its token pool at ``fraction`` (model_runner profile_max_num_token: rest = available after
+    the weights - total x (1 - mem_fraction_static), total being the memory available before them), from its "Load
+    weight begin/end ... avail mem=" lines; None without them."""
+    g = s.sglang or {}
+    before, after = g.get("avail_before_weights_mib"), g.get("avail_after_weights_mib")
+    if s.engine != "sglang" or not before or after is None:
+        return None
+    return after - before * (1.0 - fraction)
+
+
+def _sglang_fraction(s: Situation) -> float | None:
+    """The smallest --mem-fraction-static that leaves SGLang's token pool 1 GiB (a few thousand tokens of a 7-8B model),
+    in hundredths; None when the log lacks the two "avail mem" lines."""
+    g = s.sglang or {}
+    before, after = g.get("avail_before_weights_mib"), g.get("avail_after_weights_mib")
+    if _sglang_rest_mib(s, 0.5) is None:
+        return None
+    return math.ceil((1.0 - (after - 1024.0) / before) * 100 + 1e-9) / 100
 
 
 def _py_raise_util_negative(b: _Builder, rank: float) -> None:
@@ -1025,7 +1107,13 @@ def _py_raise_util(b: _Builder, rank: float) -> None:
         return  # already at 0.95 (or the gap needs more): a smaller maximum length or fp8 KV instead
     title = f"Raise {k['util_flag']}" + (f" to {change[k['util_flag']]}" if change else "")
     if k["sg"]:
-        b.add(rank, "raise-gpu-memory-utilization", title, change, "a larger static pool for KV tokens",
+        new = change.get("--mem-fraction-static")
+        rest = _sglang_rest_mib(s, new) if new else None
+        g = s.sglang or {}
+        expected = (f"a token pool of about {_mib(rest)} MiB: {_mib(g['avail_after_weights_mib'])} MiB free after the "
+                    f"weights less {_mib(g['avail_before_weights_mib'])} MiB x (1 - {new}) kept out of it"
+                    if rest is not None else "a larger static pool for KV tokens")
+        b.add(rank, "raise-gpu-memory-utilization", title, change, expected,
               "SGLang sizes its token pool from --mem-fraction-static; the error asks for a larger fraction.")
     else:
         v = s.vllm or {}
@@ -1065,6 +1153,10 @@ def _py_fp8(b: _Builder, rank: float) -> None:
     v = s.vllm or {}
     if k["lmd"]:
         return  # LMDeploy quantizes its KV with --quant-policy (4 / 8), not a dtype flag
+    cur_util = _py_cur_util(s)
+    rest = _sglang_rest_mib(s, cur_util) if cur_util else None
+    if rest is not None and rest <= 0:
+        return  # no memory for the pool at all at this fraction: smaller KV entries do not make one
     if str((s.flags or {}).get("kv_cache_dtype") or "").lower().startswith("fp8"):
         return  # already fp8: the change would be the command as it is
     need, avail, max_len = v.get("kv_needed_mib"), v.get("available_kv_mib"), k["max_len"]
@@ -1103,8 +1195,21 @@ def _py_prefill_batch(b: _Builder, rank: float) -> None:
         if not isinstance(cur, int):
             cur = prefill  # "Not enough memory to handle N prefill tokens"
         new = int(cur) // 2 if isinstance(cur, int) and cur > 1 else 4096
-        b.add(rank, "reduce-batch", f"Lower --max-batch-prefill-tokens to {new}", {"--max-batch-prefill-tokens": new},
-              "a smaller warm-up prefill batch", "TGI warms up with a full prefill batch; it must fit next to the weights.")
+        change: dict = {"--max-batch-prefill-tokens": new}
+        args = (s.tgi or {}).get("args") or {}
+        max_in = to_int(s.flags.get("max_input_tokens") or s.flags.get("max_input_length")) or args.get("max_input_tokens")
+        max_total = to_int(s.flags.get("max_total_tokens")) or args.get("max_total_tokens")
+        why = "TGI warms up with a full prefill batch; it must fit next to the weights."
+        if max_in and max_in > new:
+            # the launcher refuses max_batch_prefill_tokens below max_input_tokens (launcher/src/main.rs): the longest
+            # prompt shrinks with it, and max_total_tokens stays above it by the same number of new tokens
+            change["--max-input-tokens"] = new
+            change["--max-total-tokens"] = new + max(1, (max_total - max_in) if max_total and max_total > max_in
+                                                     else 1024)
+            why += (f" The launcher requires --max-batch-prefill-tokens >= --max-input-tokens, so the longest prompt "
+                    f"goes from {_tok(max_in)} to {_tok(new)} tokens too.")
+        b.add(rank, "reduce-batch", f"Lower --max-batch-prefill-tokens to {new}", change,
+              "a smaller warm-up prefill batch", why)
     else:
         b.add(rank, "reduce-batch", "Lower --max-num-batched-tokens", {"--max-num-batched-tokens": 2048},
               "smaller activation peak during profiling", "The profiled activation peak grows with the batched tokens.")
@@ -1113,8 +1218,8 @@ def _py_prefill_batch(b: _Builder, rank: float) -> None:
 def _py_act_max_len(b: _Builder, rank: float) -> None:
     k = _py_knobs(b.s)
     max_len, len_flag = k["max_len"], k["len_flag"]
-    if not max_len:
-        return
+    if not max_len or k["lmd"]:
+        return  # (TurboMind's pool is --cache-max-entry-count x the free memory, whatever --session-len says)
     b.add(rank, "reduce-max-model-len", f"Lower {len_flag} to {int(max_len) // 2}", {len_flag: int(max_len) // 2},
           "a shorter maximum request shrinks the KV pool and the largest activations",
           "Where the OOM was raised is not in the log; the maximum length sizes both the KV pool and the "
@@ -1123,11 +1228,15 @@ def _py_act_max_len(b: _Builder, rank: float) -> None:
 
 def _py_act_batch(b: _Builder, rank: float) -> None:
     """The tokens of one step down to 2048; below a current value of 2048 or less, half of it (never under 256)."""
-    batch_flag = _py_knobs(b.s)["batch_flag"]
-    cur = b.s.flags.get(batch_flag.lstrip("-").replace("-", "_")) or (b.s.vllm or {}).get("max_num_batched_tokens")
+    s = b.s
+    if sampler_warmup(s) or graph_capture(s):
+        return  # the sampler's batch, and the captured graphs' batch sizes, follow max_num_seqs, not tokens per step
+    batch_flag = _py_knobs(s)["batch_flag"]
+    cur = s.flags.get(batch_flag.lstrip("-").replace("-", "_")) or (s.vllm or {}).get("max_num_batched_tokens")
     new = 2048 if not isinstance(cur, (int, float)) or cur > 2048 else int(cur) // 2
-    if new < 256:
-        return
+    seqs = _py_seqs_now(s)
+    if new < 256 or (s.engine == "vllm" and seqs and new < seqs):
+        return  # (vLLM refuses max_num_batched_tokens below max_num_seqs)
     change = {batch_flag: new, **_v0_chunked(b.s, new)}
     b.add(rank, "reduce-batch", f"Lower {batch_flag} to {new}", change, "a smaller activation peak per step",
           "Activations grow with the tokens processed in one step; graph capture also reserves memory per batch size "
@@ -1204,16 +1313,41 @@ def _py_act_lower_util(b: _Builder, rank: float) -> None:
               "was free by then (another process, or the fraction above what this device can give): a smaller "
               "fraction makes a pool that fits.")
         return
-    b.add(rank, "lower-gpu-memory-utilization", f"Lower {util_flag} to {new}", {util_flag: new},
-          f"{round((cur - new) * 100)} % of the GPU more outside the KV pool for activations and graphs{computed}",
+    share = ("of the memory left after the weights" if k["lmd"] else "of the GPU")  # TurboMind: x free after weights
+    b.add(rank if not k["lmd"] else min(rank, -0.5), "lower-gpu-memory-utilization", f"Lower {util_flag} to {new}",
+          {util_flag: new},
+          f"{round((cur - new) * 100)} % {share} more outside the KV pool for activations and graphs{computed}",
           "The KV pool takes utilization x total; what torch needs beyond it must fit in the rest.")
+
+
+def _py_graphs(b: _Builder, rank: float) -> None:
+    """Graph capture reserves memory for every captured batch size (up to max_num_seqs / --cuda-graph-max-bs): vLLM
+    runs without graphs (--enforce-eager); SGLang captures up to 16 sequences (its own advice), or none when already
+    at or below that."""
+    s = b.s
+    if s.engine == "vllm" and s.flags.get("enforce_eager") is not True:
+        b.add(rank, "shrink-cuda-graphs", "Run without CUDA graphs", {"--enforce-eager": True},
+              "no graph capture: the memory its captured batch sizes reserved stays free (decoding gets slower)",
+              "The failure came while vLLM captured its CUDA graphs, one per batch size up to max_num_seqs.")
+    elif s.engine == "sglang":
+        cur = to_int(s.flags.get("cuda_graph_max_bs"))
+        change = {"--cuda-graph-max-bs": 16} if not cur or cur > 16 else {"--disable-cuda-graph": True}
+        b.add(rank, "shrink-cuda-graphs", "Capture fewer CUDA graphs" if "--cuda-graph-max-bs" in change
+              else "Run without CUDA graphs", change, "less memory held by captured graphs",
+              "The failure came while SGLang captured its CUDA graphs (its own advice: a smaller --cuda-graph-max-bs, "
+              "or --disable-cuda-graph).")
+
+
+def _py_seqs_now(s: Situation) -> int | None:
+    """The engine's concurrent sequences: the command's setting, else what the failing line says it ran."""
+    return to_int((s.flags or {}).get(_py_knobs(s)["seqs_flag"].lstrip("-").replace("-", "_"))) or s.running_seqs
 
 
 def _py_act_seqs(b: _Builder, rank: float) -> None:
     """Fewer concurrent sequences: half the value the command sets (never more than it), else 64, below the engines'
     defaults (vLLM 256 and more, SGLang and LMDeploy's batch sizes likewise)."""
     seqs_flag = _py_knobs(b.s)["seqs_flag"]
-    cur = to_int((b.s.flags or {}).get(seqs_flag.lstrip("-").replace("-", "_")))
+    cur = _py_seqs_now(b.s)
     new = max(1, cur // 2) if cur else 64
     if cur and new >= cur:
         return  # already one sequence: nothing to lower
@@ -1525,6 +1659,16 @@ def kv_alloc_oom(s: Situation) -> bool:
     return s.phase == "kv_cache" and s.torch_oom
 
 
+def graph_capture(s: Situation) -> bool:
+    """A compute failure while the engine captured its CUDA graphs."""
+    return s.graph_capture
+
+
+def sampler_warmup(s: Situation) -> bool:
+    """vLLM's sampler warm-up ran out of memory: its batch is max_num_seqs dummy requests of the vocabulary's logits."""
+    return s.sampler_warmup
+
+
 def seqs_over_pool(s: Situation) -> bool:
     """The engine was set to run more sequences at once than its state pool holds (the line gives the pool)."""
     return bool(s.limit_seqs)
@@ -1685,6 +1829,8 @@ RULES: tuple[Rule, ...] = (
     _r("work-around-alloc-limit", PYTHON, _CB, fixed_workspace, -1, _py_workspace),
     _r("bisect-regression", PYTHON, _UNK, crashed, -1, _bisect_crash),
     _r("reduce-max-model-len", PYTHON, _UNK, activation_oom, 0, _py_act_max_len),
+    _r("reduce-max-num-seqs", PYTHON, _CB, sampler_warmup, -0.5, _py_act_seqs),
+    _r("shrink-cuda-graphs", PYTHON, _CB, graph_capture, 1.2, _py_graphs),
     _r("reduce-batch", PYTHON, _CB, activation_oom, 0, _py_act_batch),
     _r("reduce-batch", PYTHON, _UNK, activation_oom, 1, _py_act_batch),
     _r("lower-gpu-memory-utilization", PYTHON, _ACT, activation_oom, 1, _py_act_lower_util),

@@ -381,8 +381,22 @@ _IPV6 = linre.compile(r"(?P<ip>(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0,4}(?:%[\w
 _VERSION_WORD = linre.compile(r"(?:\bv|version|\bver|\bbuild|\brelease|\brev|==|>=|<=|~=|!=)[\s:=(\[]*$", "i")
 _PRODUCT_WORD = linre.compile(
     r"(?:driver|\bfirmware|\bfw|\bvbios|\bbios|\bcudnn|\bcuda|\bcublas|\bnccl|\btensorrt|\btrt|\brocm|\bhip"
-    r"|\bopenvino|\boneapi|\bopencl|\bvulkan|\btorch|\bpython|\bsdk|\bpackage|\bkernel|\blibrary|\bruntime|\bnvcc)"
+    r"|\bopenvino|\boneapi|\bopencl|\bvulkan|\btorch|\bpython|\bsdk|\bpackage|\bkernel|\blibrary|\bruntime|\bnvcc"
+    # the engines and their libraries, whose four-part versions look like addresses (vLLM 0.10.1.1, 0.9.0.1)
+    r"|\bvllm|\bsglang|\blmdeploy|\bollama|\btransformers|\bflashinfer|\bxformers|\btriton)"
     r"[\s=(\[]*$", "i")
+
+
+def _dotted_version(value: str) -> bool:
+    """A version as engines write it in a version field: 0.10.1.1, 2.4.0, v0.8.5.post1 (two to five dotted numbers,
+    the last one may carry a suffix), no address notation (no ":" or "/")."""
+    parts = value.strip().removeprefix("v").split(".")
+    if not 2 <= len(parts) <= 5 or not all(p.isdigit() and len(p) <= 6 for p in parts[:-1]):
+        return False
+    head = parts[-1][: len(parts[-1]) - len(parts[-1].lstrip("0123456789"))]
+    return bool(head) and not any(c in parts[-1] for c in ":/")
+
+
 _PRIVATE_NETS = tuple(ipaddress.ip_network(n) for n in ("192.168.0.0/16", "172.16.0.0/12", "169.254.0.0/16",
                                                         "100.64.0.0/10"))
 # Host names (kvreport.hostnames). A name is the whole dotted run: it neither starts after a word
@@ -1031,6 +1045,8 @@ class Redactor:
             self.counts["secret_env" if key.isupper() else "secret_flag"] += 1
             return "<token>"
         if isinstance(obj, str):
+            if key is not None and key.lower().endswith("version") and _dotted_version(obj):
+                return obj  # a version field's dotted version ({"version": "0.10.1.1"}) is no address
             if key is not None and is_host_setting(_words(key)):  # {"OLLAMA_HOST": "gpubox:11434"}
                 obj = self.redact_host_value(obj)
             return self.redact_text(obj)

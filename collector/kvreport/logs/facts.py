@@ -126,6 +126,9 @@ class LogFacts:
     sglang: dict = field(default_factory=CappedDict)
     ollama: dict = field(default_factory=CappedDict)
     tgi: dict = field(default_factory=CappedDict)
+    graph_capture: bool = False
+    """A Python engine was capturing CUDA graphs (vLLM capture_model, SGLang "Capture cuda graph begin") and had not
+    said it finished: an OOM now is the graphs' memory."""
     kv_pool_mib: float | None = None
     """The KV pool an engine without a parser of its own printed (MiB): TensorRT-LLM's "Allocate N bytes for k/v
     cache" (2024) and "[MemUsageChange] Allocated X GiB for max tokens in paged KV cache (T)" (kvcache manager)."""

@@ -186,7 +186,10 @@ _CONTEXT_STAGE = ("llama_context", "llama_new_context", "llama_init_from_model",
 
 
 def _stage(f: LogFacts, line: str, lineno: int) -> bool:
-    if "load_tensors" in line or "llm_load_tensors" in line:
+    if "offloading k cache to GPU" in line or "offloading v cache to GPU" in line:
+        # 2023 llama_kv_cache_init announced each half before allocating it: an error now is the KV cache's
+        f.stage = "kv"
+    elif "load_tensors" in line or "llm_load_tensors" in line:
         f.stage = "weights"
         f.engine_hints["llama.cpp"] += 1
     elif "llama_model_loader" in line or "done_getting_tensors" in line:  # llama_model_loader::done_getting_tensors

@@ -40,6 +40,10 @@ def _mib(text: str | None) -> float | None:
     return size_to_mib(float(m.group(1)), m.group(2)) if m else None
 
 
+_UNIT = re.compile(r"\bollama\[\d+\]: ")
+"""journald's prefix of the Ollama unit's lines ("Jan 28 10:14:55 host ollama[2231]: ...")."""
+
+
 def _hints(f: LogFacts, line: str, lineno: int) -> bool:
     if "level=" in line and "source=" in line and "msg=" in line:
         f.engine_hints["ollama"] += 3
@@ -47,6 +51,8 @@ def _hints(f: LogFacts, line: str, lineno: int) -> bool:
     # llm/llama_server.go): Ollama's words for its runner subprocess
     if "llama runner" in line or "llama-server process" in line or "OLLAMA_" in line or _WORD.search(line):
         f.engine_hints["ollama"] += 2
+    if "ollama.service" in line or ("ollama[" in line and _UNIT.search(line)):
+        f.ollama["systemd"] = True  # journald: the server runs as the systemd unit
     m = _VERSION.search(line) if "version" in line else None
     if m and ("ollama" in line.lower() or "Listening on" in line or "msg=" in line):
         f.ollama["version"] = m.group(1)
@@ -71,6 +77,42 @@ def _load_request(f: LogFacts, line: str, lineno: int) -> bool:
     return False
 
 
+_RUNNER_CTX = re.compile(r"--ctx-size (\d+)")
+_RUNNER_PARALLEL = re.compile(r"--parallel (\d+)")
+
+
+def _runner_cmd(f: LogFacts, line: str, lineno: int) -> None:
+    """llm/server.go's 'msg="starting llama server" cmd="... runner --model ... --ctx-size 40960 ... --parallel 1"'
+    (2024-25): the runner's whole context (num_ctx x parallel, as KvSize) and its slots, when no load request says."""
+    o = f.ollama
+    m = _RUNNER_CTX.search(line)
+    if m and "kv_size" not in o:
+        o["kv_size"] = int(m.group(1))
+        f.note_line("ctx:ollama_kv_size", lineno, line)
+    m = _RUNNER_PARALLEL.search(line)
+    if m and "parallel" not in o:
+        o["parallel"] = int(m.group(1))
+
+
+def _inference_compute(f: LogFacts, a: dict, line: str, lineno: int) -> None:
+    """'msg="inference compute" id=GPU-... library=cuda compute=8.9 name="..." total="11.6 GiB" available="11.1 GiB"':
+    a device, under ggml's name (the runner numbers a library's devices in the order Ollama lists them)."""
+    o = f.ollama
+    lib = str(a.get("library", "")).lower()
+    prefix = {"cuda": "CUDA", "rocm": "ROCm"}.get(lib)
+    if prefix:
+        o[lib + "_seen"] = o.get(lib + "_seen", 0) + 1
+        name = f"{prefix}{o[lib + '_seen'] - 1}"
+    else:
+        name = a.get("name") or (a.get("library", "GPU") + a.get("id", "?"))
+    f.note_line("device:" + str(name), lineno, line)
+    f.set_device(name, "ollama", description=a.get("description") or a.get("name"), total_mib=_mib(a.get("total")),
+                 free_mib=_mib(a.get("available")))
+    cc = to_float(a.get("compute")) if lib == "cuda" else None
+    if cc is not None:  # "compute=6.1": the lowest CUDA compute capability (flash attention needs 7.0+)
+        o["min_cuda_compute"] = min(cc, o.get("min_cuda_compute", cc))
+
+
 def _msg_record(f: LogFacts, line: str, lineno: int) -> bool:
     """Ollama's structured records (``msg="offload to cuda"``, ``msg="kv cache"``, ``msg="inference compute"``...)."""
     o = f.ollama
@@ -91,18 +133,19 @@ def _msg_record(f: LogFacts, line: str, lineno: int) -> bool:
         if off is not None and total:
             f.ctx.setdefault("offloaded_layers", f"{off}/{total}")
     elif msg in ("kv cache", "model weights", "compute graph", "total memory"):
-        o.setdefault("layout", []).append({"what": msg, "device": a.get("device"), "mib": _mib(a.get("size"))})
+        # (0.10: device=CUDA0; 0.11+ new engine: buffer=CUDA0 for weights, backend=CUDA0 buffer_type=CUDA0 for graphs)
+        device = a.get("device") or a.get("buffer_type") or a.get("buffer") or a.get("backend")
+        o.setdefault("layout", []).append({"what": msg, "device": device, "mib": _mib(a.get("size"))})
     elif msg == "gpu memory":
         o.setdefault("gpu_available_mib", []).append(_mib(a.get("available")))
         f.note_line("free:ollama_gpu", lineno, line)
         o["gpu_library"] = a.get("library")
     elif msg == "system memory":
         o["host_free_mib"] = _mib(a.get("free"))
+    elif msg == "starting llama server":
+        _runner_cmd(f, line, lineno)
     elif msg == "inference compute":
-        name = a.get("name") or (a.get("library", "GPU") + a.get("id", "?"))
-        f.note_line("device:" + str(name), lineno, line)
-        f.set_device(name, "ollama", description=a.get("description"), total_mib=_mib(a.get("total")),
-                     free_mib=_mib(a.get("available")))
+        _inference_compute(f, a, line, lineno)
     elif msg == "model request too large for system":
         # llm/server.go's WARN before its "model requires more system memory" error (a journal filtered to WARN
         # keeps only this): the same refusal, with requested / available; the error line, when the log has it too
@@ -130,11 +173,31 @@ def _fail(f: LogFacts, line: str, lineno: int, phase: str, hint: int, **data) ->
     return True
 
 
+_LAYOUT_LIST = re.compile(r'memory\.(\w+)\.(Weights|Cache)="\[([\d ]*)\]"')
+_LAYOUT_GRAPH = re.compile(r"memory\.(\w+)\.Graph=(\d+)")
+
+
 def _layout(f: LogFacts, line: str, lineno: int) -> bool:
     # Ollama's own layout step (ml backend, 0.12+): specific to Ollama even when the log is this one line
     m = _NUM_GPU.search(line)
     if m:
         f.ollama["num_gpu"] = int(m.group(1))
+    # server.go's WARN lists what it tried per device: 'memory.CUDA0.Weights="[402653184 ...]" memory.CUDA0.Cache=
+    # "[67108864 ...]" memory.CUDA0.Graph=1107296256' (bytes; one entry a layer): the per-layer cost on that device
+    lists: dict = {}
+    for dev, kind, values in _LAYOUT_LIST.findall(line):
+        sizes = [int(v) for v in values.split() if v.isdigit() and int(v) > 0]
+        if dev != "CPU" and sizes:
+            lists.setdefault(dev, {})[kind] = sizes
+    for dev, graph in _LAYOUT_GRAPH.findall(line):
+        if dev in lists:
+            lists[dev]["Graph"] = int(graph)
+    for dev, d in lists.items():
+        layers = len(d.get("Weights") or [])
+        if layers:
+            f.ollama.setdefault("layout_layers", {})[dev] = {
+                "layers": layers, "per_layer_mib": (sum(d["Weights"]) + sum(d.get("Cache") or [])) / layers / 1048576.0,
+                "graph_mib": d.get("Graph", 0) / 1048576.0}
     return _fail(f, line, lineno, "context", 3)
 
 

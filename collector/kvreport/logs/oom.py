@@ -140,7 +140,7 @@ def _need_have(m: re.Match) -> dict:
 def _tokens(m: re.Match) -> dict:
     """A refused request's size and the limit it met, in tokens (the groups ``n``/``n2``/``n3`` and ``m``/``m2``)."""
     d = m.groupdict()
-    n = next((d[k] for k in ("n", "n2", "n3") if d.get(k)), None)
+    n = next((d[k] for k in ("n", "n2", "n3", "n4") if d.get(k)), None)
     if n is None and d.get("given") and d.get("new"):  # TGI: the prompt and max_new_tokens both count
         n = str(int(d["given"]) + int(d["new"]))
     lim = next((d[k] for k in ("m", "m2") if d.get(k)), None)
@@ -180,23 +180,39 @@ _NOMEM_TOKEN = re.compile(r"Name:(?P<name>[^\s}]*)|(?P<kind>InputWeights|Weights
 _NOMEM_KIND = {"InputWeights": "model_weights", "Weights": "model_weights", "Cache": "kv_cache", "Graph": "compute_buffer"}
 
 
+def ollama_nomem_cache_mib(text: str) -> float | None:
+    """The whole KV cache of Ollama's ErrNoMem table: every Cache entry of every device, allocated or failed (MiB)."""
+    kind, total = None, 0
+    for t in _NOMEM_TOKEN.finditer(text):
+        if t.group("kind"):
+            kind = t.group("kind")
+        elif t.group("size") is not None and kind == "Cache":
+            total += int(t.group("size"))
+    return total / 1048576.0 if total else None
+
+
 def _ollama_nomem(text: str) -> dict:
     """The failed (``F``) entry of Ollama's ErrNoMem: its size (bytes -> MiB), the phase of its kind and the device
     (ggml's name, "CPU" for the host block); {} when no entry failed."""
     name = kind = None
+    out: dict = {}
     for t in _NOMEM_TOKEN.finditer(text):
         if t.group("name") is not None:
+            if out:
+                break  # (the failed list is done: another device's block)
             name = t.group("name") or None
         elif t.group("kind"):
+            if out:
+                break  # (the failed list is done: the same device's next kind)
             kind = t.group("kind")
         elif t.group("st") == "F":
-            out = {"mib": int(t.group("size")) / 1048576.0}
+            # every failed entry of that list (one per layer for Weights and Cache): together, what could not be had
+            out["mib"] = out.get("mib", 0.0) + int(t.group("size")) / 1048576.0
             if kind in _NOMEM_KIND:
                 out["phase_hint"] = _NOMEM_KIND[kind]
             if name and kind != "InputWeights":
                 out["device_name"] = name
-            return out
-    return {}
+    return out
 
 
 def _pool(m: re.Match) -> dict:
@@ -294,8 +310,9 @@ RULES: tuple[OomRule, ...] = (
     # -- vLLM gpu_model_runner._dummy_sampler_run (V1): "CUDA out of memory occurred when warming up sampler with N
     #    dummy requests. Please try lowering `max_num_seqs` or `gpu_memory_utilization`"
     OomRule("vllm-sampler-warmup", ("when warming up sampler",),
-            re.compile(r"out of memory occurred when warming up sampler"), "cuda",
-            "vllm/v1/worker/gpu_model_runner.py _dummy_sampler_run", phase="compute_buffer", engine="vllm"),
+            re.compile(r"out of memory occurred when warming up sampler(?: with (\d+) dummy requests)?"), "cuda",
+            "vllm/v1/worker/gpu_model_runner.py _dummy_sampler_run", phase="compute_buffer", engine="vllm",
+            read=lambda m: {"running_seqs": int(m.group(1))} if m.group(1) else {}),
     OomRule("torch-oom", ("out of memory. Tried to allocate", "has a total capac", "backend out of memory"),
             _TORCH_RX, None, "torch CUDACachingAllocator OutOfMemoryError message (all torch 2.x)",
             phase=None, read=_torch),
@@ -548,8 +565,12 @@ RULES: tuple[OomRule, ...] = (
     # -- a request longer than the context (or the model's maximum length) refused before any memory is asked for,
     #    in each engine's words: the context / KV pool is too small for the request (phase kv_capacity, as llama-server's
     #    exceed_context_size_error above). request_tokens / limit_tokens are tokens.
-    OomRule("vllm-prompt-too-long", ("is too long and exceeds limit of", "longer than the maximum model length"),
+    OomRule("vllm-prompt-too-long", ("is too long and exceeds limit of", "longer than the maximum model length",
+                                     "exceeds the capacity of block_manager"),
             re.compile(r"Input prompt \((?P<n>\d+) tokens\) is too long and exceeds limit of (?P<m>\d+)|"
+                       # (V0's scheduler when the KV pool itself cannot ever hold the prompt: "Input prompt (N tokens)
+                       # is too long and exceeds the capacity of block_manager", the request ignored)
+                       r"Input prompt \((?P<n4>\d+) tokens\) is too long and exceeds the capacity of block_manager|"
                        r"(?:decoder prompt \(length (?P<n2>\d+)\)|Prompt length of (?P<n3>\d+)) is longer than the "
                        r"maximum model length of (?P<m2>\d+)"), None,
             "vllm core/scheduler.py (V0: 'Input prompt (N tokens) is too long and exceeds limit of M', the request is "
@@ -821,13 +842,15 @@ STAGES = (
     # (flash_causal_lm.py warmup): the function or log words of each start-up step, and the buffer that step allocates
     (("capture_model", "cuda_graph", "cudagraph", "CUDA graph", "CUDAGraph", "CudaGraph", "graph capture",
       "Capturing", "Capture cuda graph"), "compute_buffer"),
-    (("profile_run", "_dummy_run", "_dummy_sampler_run", "determine_num_available_blocks",
+    (("profile_run", "_dummy_run", "_dummy_sampler_run", "when warming up sampler", "determine_num_available_blocks",
       "determine_available_memory", "warmup", "warm_up", "Warming up", "def warmup", "Warmup failed"), "compute_buffer"),
     # (SGLang's KV pools: mem_cache/memory_pool.py _create_buffers "self.kv_buffer = torch.zeros(", "self.k_buffer = [",
     # the NPU one too; LightLLM's mem manager "self.key_buffer = [torch.empty(...", "self.value_buffer = [...")
     (("initialize_kv_cache", "_allocate_kv_cache", "allocate_kv_cache", "init_memory_pool", "_init_cache_engine",
       "CacheEngine(", "_create_buffers", "kv_buffer = ", "k_buffer = ", "v_buffer = ", "key_buffer = ",
-      "value_buffer = ", "allocate_gpu_cache"), "kv_cache"),
+      "value_buffer = ", "allocate_gpu_cache",
+      # exllamav2's cache (cache.py ExLlamaV2Cache.create_state_tensors: "p_key_states = torch.zeros(...)")
+      "create_state_tensors", "p_key_states"), "kv_cache"),
     # transformers' from_pretrained (_load_pretrained_model) and safetensors' loader (safetensors/torch.py load_file,
     # get_tensor) read the weights
     (("load_model", "load_weights", "weight_loader", "Loading weights", "Loading model weights",
@@ -859,6 +882,11 @@ STAGES = (
      "compute_buffer"),
 )
 """Python engines' start-up steps (traceback frames and log words) -> the phase of an OOM raised inside them."""
+
+_CAPTURE_DONE_WORDS = ("capturing finished", "cuda graph end", "CUDA graph end", "Capturing CUDA graph", "capturing CUDA")
+_CAPTURE_DONE = re.compile(r"(?i:graph capturing finished|capture cuda graph end|capturing cuda graphs? .{0,40}"
+                           r"(?:took|finished|done))")
+"""The end of CUDA graph capture (vLLM "Graph capturing finished in 5 secs", SGLang "Capture cuda graph end")."""
 
 ENGINE_WORDS = (("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"), ("TurboMind", "lmdeploy"), ("[TM]", "lmdeploy"),
                 ("mlx_lm", "mlx-lm"), ("mlx-lm", "mlx-lm"), ("mlx_vlm", "mlx-lm"), ("mlx-vlm", "mlx-lm"),
@@ -937,7 +965,7 @@ driver's, not the configuration (kvreport.fixes.crashed)."""
 KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in (*RULES, FATAL) for k in r.keywords}
                                          | {w for w, _ in ENGINE_WORDS} | {w for ws, _ in STAGES for w in ws}
                                          | {"current device:", "hipMalloc(", "metal_limit=", "kv_budget=",
-                                            "direct cause of the following exception",
+                                            "direct cause of the following exception", *_CAPTURE_DONE_WORDS,
                                             "model_memory=", '"n_ctx": ', "radv/amdgpu:", *_KV_POOL_WORDS}))
 """Every literal that selects a line for this layer (derived from :data:`RULES`, never kept by hand)."""
 
@@ -1098,6 +1126,10 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
     if stage:
         _stage_after(f, stage, lineno)
         f.py_stage = stage
+        if not present.isdisjoint(STAGES[0][0]):
+            f.graph_capture = True
+    if f.graph_capture and not present.isdisjoint(_CAPTURE_DONE_WORDS) and _CAPTURE_DONE.search(line):
+        f.graph_capture = False
     for i in sorted({i for k in present for i in _RULES_OF.get(k, ())}):  # table order, only rows whose words occur
         rule = RULES[i]
         m = rule.pattern.search(line)
@@ -1106,6 +1138,8 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         data = _net_data(line) if rule.generic else (rule.read(m) if rule.read else {})
         if data is None:
             return  # advice, usage text, or an INFO/DEBUG record that mentions memory errors
+        if rule.id == "ollama-errnomem":
+            f.ollama["nomem_cache_mib"] = ollama_nomem_cache_mib(line)
         backend = _rule_backend(rule, m, data, line)
         if rule.engine:  # a format only one engine prints names it
             f.engine_hints[rule.engine] += 2 if rule.engine != "llama.cpp" else 1

@@ -63,6 +63,14 @@ def _weight(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
     return False
 
 
+def _weight_begin(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
+    # model_runner.py load_model: "Load weight begin. avail mem=23.20 GB" -- the memory the static fraction is taken of
+    # (total_gpu_memory in profile_max_num_token)
+    f.engine_hints["sglang"] += 2
+    f.sglang["avail_before_weights_mib"] = float(m.group(1)) * 1024.0
+    return False
+
+
 def _fraction(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
     f.sglang["mem_fraction_static"] = float(m.group(1))
     return False
@@ -160,6 +168,7 @@ RULES: tuple[Rule, ...] = (
     Rule("server summary", ("max_total_num_tokens=",),
          re.compile(r"max_total_num_tokens=(\d+).*?max_running_requests=(\d+).*?context_len=(\d+).*?"
                     r"available_gpu_mem=([\d.]+) GB"), _summary),
+    Rule("weights begin", ("Load weight begin",), re.compile(r"Load weight begin\. avail mem=([\d.]+) GB"), _weight_begin),
     Rule("weights loaded", ("Load weight end",),
          re.compile(r"Load weight end\..*?avail mem=([\d.]+) GB,\s*mem usage=([\d.]+) GB"), _weight),
     Rule("mem_fraction_static", ("mem_fraction_static=",), re.compile(r"mem_fraction_static=([\d.]+)"), _fraction),
