@@ -856,6 +856,11 @@ def _slots_for_full_kv(b: _Builder, rank: float) -> None:
           "slot (or a larger -c) gives a long request room.")
 
 
+def _flag_value(s: Situation, flag: str) -> int | None:
+    """The command's value of ``flag`` ("--max-model-len" -> flags["max_model_len"]) as an integer, or None."""
+    return to_int((s.flags or {}).get(flag.lstrip("-").replace("-", "_")))
+
+
 def _raise_ctx(b: _Builder, rank: float) -> None:
     """raise-ctx: the context grows to hold the request (its tokens rounded up to a multiple of 256; llama-server
     splits -c between its --parallel slots, so times the slots), in the engine's own setting; not when kvreport's
@@ -883,12 +888,19 @@ def _raise_ctx(b: _Builder, rank: float) -> None:
     fit = (s.max_ctx_fit or {}).get(_type_key(s.cache_type_k))
     if fit is not None and target > fit:
         return  # kvreport's own numbers say the KV of that context does not fit: only a shorter request helps
+    title = f"Raise the context to {_tok(target)} tokens"
     if s.engine in ("llama.cpp", "ollama"):
         change = _ctx_change(s, target)
     else:
+        if _flag_value(s, word) is not None and _flag_value(s, word) >= target and s.engine == "vllm":
+            # the context is already longer: vLLM V0's prompt limit is min(max_model_len, max_num_batched_tokens)
+            # without chunked prefill, so the smaller one refused it
+            word, title = "--max-num-batched-tokens", f"Raise --max-num-batched-tokens to {_tok(target)}"
+        if _flag_value(s, word) is not None and _flag_value(s, word) >= target:
+            return  # already at least that: the change would be none, or a cut
         change = {word: target} if setting or s.limit_setting else {}
     had = f" (now {_tok(s.limit_tokens)})" if s.limit_tokens else ""
-    b.add(rank, "raise-ctx", f"Raise the context to {_tok(target)} tokens{had}", change,
+    b.add(rank, "raise-ctx", f"{title}{had}", change,
           f"the {_tok(s.request_tokens)}-token request fits" + (f" in each of the {slots} slots" if slots > 1 else "")
           + ("; whether its KV fits the free memory is not known from this log (kvreport fit --model checks it)"
              if fit is None else f"; its KV fits ({_tok(fit)} tokens would)"),
@@ -1583,7 +1595,10 @@ def big_compute_unknown_ctx(s: Situation) -> bool:
     attention llama.cpp's KQ scores are n_ctx x n_ubatch x n_head x 4 bytes (8 GiB at -ub 512 is about 128k tokens with
     32 heads, 32k with 128; 4k tokens take 256 MiB with 32), so a buffer that size says the context is long."""
     ub_default = (s.n_ubatch is not None and s.n_ubatch <= 512) or (s.n_ubatch is None and _is_ollama(s))
-    return s.phase == "compute_buffer" and not s.working_set and s.n_ctx is None and ub_default \
+    # (with the micro-batch unknown too, a buffer of 16 GiB or more: even at -ub 4096 that is a context of 8k-32k
+    # tokens, at the default 512 of 64k-256k; the context is the lever either way)
+    ub_any = s.n_ubatch is None and (s.requested_mib or 0) >= 16384
+    return s.phase == "compute_buffer" and not s.working_set and s.n_ctx is None and (ub_default or ub_any) \
         and (s.requested_mib or 0) >= 8192
 
 

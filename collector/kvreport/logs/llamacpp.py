@@ -458,7 +458,9 @@ def _llamafile_gpu(f: LogFacts, line: str, lineno: int) -> bool:
 
 
 SECTIONS: tuple[Section, ...] = (
-    Section("engine words", ("llama_", "ggml_"), _hint_words),
+    # (llama.cpp's own prefixes: its libraries, the multimodal loader mtmd / clip, llama-server's srv / slot lines)
+    Section("engine words", ("llama_", "ggml_", "mtmd_", "clip_model_load", "clip_init", "srv    load_model",
+                             "exiting due to model loading error"), _hint_words),
     Section("model hyperparameters (print_info / llm_load_print_meta)", ("print_info", "llm_load_print_meta"),
             _hparams),
     Section("GGUF key/values (llama_model_loader: - kv)", ("- kv ",), _gguf_kv),
@@ -545,8 +547,10 @@ def _feed_fit(f: LogFacts, line: str) -> None:
         # common_fit_params / llama_params_fit: the fit finished; "no changes needed" before it stays no_change
         if f.fit["status"] in ("started", "unknown"):
             f.fit["status"] = "fitted"
+        f.in_fit = False  # (its dry runs are over: what loads next is the real run, "took N seconds" or not pasted)
     elif "failed to fit params" in line:
         f.fit["status"] = "failed: " + line.split("failed to fit params to free device memory:")[-1].strip()[:200]
+        f.in_fit = False
     elif "encountered an error while trying to fit" in line:
         f.fit["status"] = "error"
         f.in_fit = False

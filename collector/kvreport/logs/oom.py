@@ -822,7 +822,7 @@ RULES: tuple[OomRule, ...] = (
                              "failed to allocate", "Failed to allocate", "unable to allocate", "Unable to allocate",
                              "could not allocate", "Could not allocate", "allocation failed", "Allocation failed",
                              "memory allocation", "Memory allocation", "more system memory", "requires more memory",
-                             "memory object", "Malloc failed", "GPU resources", "sufficient memory",
+                             "memory object", "Malloc failed", "GPU resources", "sufficient memory", "not fit in",
                              "OOM", "oom"),
             re.compile(r"(?i:out[ _-]?of[ _-]?memory|insufficient[ _]memory|not enough (?:\w+ )?memory|"
                        r"(?:could not|failed to|unable to) create (?:a )?memory object|"
@@ -830,7 +830,11 @@ RULES: tuple[OomRule, ...] = (
                        r"memory allocation (?:of \d+ bytes )?failed|requires more (?:system )?memory|"
                        r"(?:cuda|hip)Malloc failed|out of (?:gpu|device) resources|"
                        # a planner that found no place ("No cycles found with sufficient memory", EXO's placement)
-                       r"\bno \w+(?: \w+){0,3} with (?:sufficient|enough) memory)|\bOOM\b"),
+                       r"\bno \w+(?: \w+){0,3} with (?:sufficient|enough) memory|"
+                       # an app's own check ("About 10 GB of this model does not fit in GPU memory and would run from
+                       # system RAM. Only about 10 GB is available", Unsloth Studio)
+                       r"does ?n[o']t fit in(?:to)? (?:the )?(?:gpu |system |device |available )?(?:memory|vram|ram)\b.{0,80}?"
+                       r"(?:only|available))|\bOOM\b"),
             None, "catch-all for memory-error words (kvreport's failure layer)", generic=True),
 )
 
