@@ -689,3 +689,66 @@ def test_lmdeploy_turbomind_oom_lowers_the_cache_share_first():
     d = analyze_text(log, "lmdeploy serve api_server m --session-len 32768 --cache-max-entry-count 0.8")
     assert d["suggestions"][0]["change"] == {"--cache-max-entry-count": 0.5}
     assert "reduce-max-model-len" not in [s["id"] for s in d["suggestions"]]
+
+
+# --- from the third QA session of 2026-12-02 (llama.cpp's newest builds, other backends, programs on llama.cpp) -------
+
+DRAFT = KV_FAIL.replace("ggml_backend_cuda_buffer_type_alloc_buffer", "srv    load_model: loading draft model "
+                        "'/models/draft.gguf'\nggml_backend_cuda_buffer_type_alloc_buffer", 1) \
+    + "common_speculative_init: failed to create draft context\nsrv    load_model: failed to create speculator\n"
+
+
+def test_a_draft_models_failure_gets_the_drafts_own_settings():
+    d = analyze_text(DRAFT, "llama-server -m main.gguf -md draft.gguf -c 131072 -ngl 99")
+    ids = [s["id"] for s in d["suggestions"]]
+    assert ids[:3] == ["reduce-ctx", "quantize-kv-cache", "reduce-gpu-layers"], ids
+    assert "--ctx-size-draft" in d["suggestions"][0]["change"] and "--ctx-size-draft" in d["suggestions"][0]["command"]
+    assert d["suggestions"][1]["change"]["--cache-type-k-draft"] == "q8_0"
+    assert d["suggestions"][2]["change"] == {"--n-gpu-layers-draft": 0}
+
+
+def test_sycl_free_that_is_the_total_is_not_free():
+    log = ("get_memory_info: [warning] ext_intel_free_memory is not supported (export/set ZES_ENABLE_SYSMAN=1 to "
+           "support), use total memory as free memory\n"
+           + KV_FAIL.replace("CUDA0 (NVIDIA GeForce RTX 4060 Ti) (0000:01:00.0)", "SYCL0 (Intel(R) Arc(TM) A770 "
+                             "Graphics)").replace("CUDA0", "SYCL0")
+           .replace("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 16384.00 MiB on device 0: cudaMalloc "
+                    "failed: out of memory\n", ""))
+    d = analyze_text(log)
+    assert d["failure"]["backend"] == "sycl" and d["failure"]["free_mib"] is None, d["failure"]
+    assert any(x["kind"] == "free_is_total" for x in d["findings"])
+
+
+def test_the_2024_servers_json_build_line_gives_the_build():
+    log = ('INFO [                    main] build info | tid="140225379411776" timestamp=1723110001 build=3549 '
+           'commit="b7a08fd5"\n' + KV_FAIL)
+    q8 = next(s for s in analyze_text(log, "./llama-server -m m.gguf -c 131072 -ngl 99")["suggestions"]
+              if s["id"] == "quantize-kv-cache")
+    assert q8["command"].endswith("--flash-attn"), q8["command"]  # a switch before build 6300, no value
+
+
+def test_llama_cpp_python_server_gets_its_own_option_names():
+    d = analyze_text(KV_FAIL, "python3 -m llama_cpp.server --model /m.gguf --n_gpu_layers -1 --n_ctx 131072")
+    changes = {k for s in d["suggestions"] for k in s["change"]}
+    assert "--n_ctx" in changes and not any(k in changes for k in ("--ctx-size", "--cache-type-k", "--no-kv-offload"))
+
+
+def test_koboldcpp_gets_no_option_it_lacks():
+    d = analyze_text(KV_FAIL, "./koboldcpp-linux-x64 --model m.gguf --contextsize 131072 --gpulayers 99 --usecuda")
+    assert not any("--no-kv-offload" in (s.get("command") or "") for s in d["suggestions"])
+
+
+def test_vllm_prompt_limit_below_the_context_raises_the_batched_tokens():
+    log = "WARNING 02-16 15:37:32 scheduler.py:947] Input prompt (2501 tokens) is too long and exceeds limit of 2048\n"
+    first = analyze_text(log, "vllm serve m --max-model-len 128000")["suggestions"][0]
+    assert first["change"] == {"--max-num-batched-tokens": 2560}, first
+
+
+def test_a_fit_that_gave_up_ends_its_dry_run_without_its_took_line():
+    """Pasted excerpts often lack "fitting params to free memory took N seconds": the real load after the fit's
+    "failed to fit params ... abort" still places the weights (free at the failure is known)."""
+    log = KV_FAIL.replace("load_tensors:", "common_fit_params: fitting params to device memory ...\n"
+                          "common_fit_params: failed to fit params to free device memory: n_gpu_layers already set by "
+                          "user to 99, abort\nload_tensors:", 1)
+    d = analyze_text(log)
+    assert d["failure"]["verdict"] == "exceeds_free" and d["memory"]["max_ctx_fit"]["f16"] == 78336, d["failure"]

@@ -779,6 +779,13 @@ class _Diagnosis:
         """
         self.free_source = None
         free = self._log_free(device, backend)
+        if free is not None and backend == "sycl" and self.f.ctx.get("sycl_free_is_total"):
+            # ggml-sycl's get_memory_info without Level Zero sysman: "ext_intel_free_memory is not supported (export/set
+            # ZES_ENABLE_SYSMAN=1 to support), use total memory as free memory": the figure is the card's size
+            self.finding("free_is_total", "the SYCL driver did not report free memory (ZES_ENABLE_SYSMAN=1 makes it "
+                         f"do so): the {_fmt(free)} MiB the log calls free is the device's total; the free memory "
+                         "at the failure is not known")
+            free = None
         if free is not None:
             self.free_source = "log"
             src = (self.f.devices.get(device or "") or {}).get("source")
@@ -852,6 +859,13 @@ class _Diagnosis:
             used = sum(x.get("mib") or 0.0 for x in self.f.ollama.get("layout") or []
                        if x.get("what") == "model weights" and x.get("device") == device)
         return used
+
+    def _draft_failed(self) -> bool:
+        """The failed allocation came after llama-server began loading its speculative-decoding draft model."""
+        start = self.f.ctx.get("draft_from_line")
+        ev = (self.primary.events[0] if self.primary and self.primary.events else None) or getattr(self, "oom_event",
+                                                                                                 None)
+        return start is not None and ev is not None and ev.get("lineno", 0) > start
 
     def _ollama_layer(self, failure: dict) -> dict | None:
         """Ollama's refused layout on the failing GPU (or its only GPU), with the free memory the device had."""
@@ -1551,6 +1565,7 @@ class _Diagnosis:
             running_seqs=next((e["running_seqs"] for e in f.events if e.get("running_seqs")), None),
             sampler_warmup=any(e.get("rule") == "vllm-sampler-warmup" for e in f.events),
             graph_capture=f.graph_capture and failure["phase"] == "compute_buffer",
+            draft_failed=self._draft_failed(),
             min_cuda_compute=f.ollama.get("min_cuda_compute"), ollama_version=f.ollama.get("version"),
             ollama_layer=self._ollama_layer(failure),
             ollama_service=bool(f.ollama.get("systemd")),

@@ -1527,6 +1527,8 @@ _KOBOLD_FROM_LLAMA = {"--ctx-size": "--contextsize", "-c": "--contextsize", "-ng
 
 def _to_kobold(name: str, value: Any) -> tuple[str | None, Any]:
     """A llama.cpp-spelled change as koboldcpp's option (None when koboldcpp has no equivalent)."""
+    if name not in _KOBOLD_FROM_LLAMA and name not in _KOBOLD_FROM_LLAMA.values():
+        return None, None  # a llama-server option koboldcpp's argparse does not have (--no-kv-offload, -np ...)
     kname = _KOBOLD_FROM_LLAMA.get(name, name)
     if kname == "--flashattention":
         return kname, True if value in (True, "on", "auto") else None

@@ -153,6 +153,8 @@ class Situation:
     unit's environment, not a command's."""
     min_cuda_compute: float | None = None
     """The lowest CUDA compute capability Ollama listed ("inference compute ... compute=6.1")."""
+    draft_failed: bool = False
+    """The failure came while llama-server loaded its speculative-decoding draft model (its context, KV, compute)."""
     graph_capture: bool = False
     """The engine was capturing CUDA graphs when it failed (kvreport.logs.facts.LogFacts.graph_capture)."""
     sampler_warmup: bool = False
@@ -206,6 +208,8 @@ class _Builder:
         old = self.items.get(sid)
         if old is not None and old[0] <= rank:
             return
+        if str((self.s.command or {}).get("program") or "").startswith("llama_cpp."):
+            change = _llama_cpp_python(change)
         self.items[sid] = (rank, self.n, {"id": sid, "title": title, "change": change,
                                           "command": _command(self.s, change), "expected": expected, "why": why})
         self.origin[sid] = (rank, self.rule)
@@ -213,6 +217,17 @@ class _Builder:
     def result(self, limit: int) -> list[dict]:
         return [d for _r, _n, d in sorted(self.items.values(), key=lambda t: (t[0], t[1]))[:limit]]
 
+
+LLAMA_CPP_PYTHON_OPTIONS = {
+    "--ctx-size": ("--n_ctx", None), "--n-gpu-layers": ("--n_gpu_layers", None), "--ubatch-size": ("--n_ubatch", None),
+    "--batch-size": ("--n_batch", None), "--flash-attn": ("--flash_attn", {"on": "true", True: "true"}),
+    "--cache-type-k": ("--type_k", {"f16": 1, "q8_0": 8, "q4_0": 2}),
+    "--cache-type-v": ("--type_v", {"f16": 1, "q8_0": 8, "q4_0": 2}),
+    "--no-kv-offload": ("--offload_kqv", {True: "false"}), "--tensor-split": ("--tensor_split", None),
+    "--main-gpu": ("--main_gpu", None)}
+"""llama-cpp-python's server (python -m llama_cpp.server, its ModelSettings) for llama-server's options: (its option,
+value translation); type_k / type_v are ggml type ids (GGML_TYPE_F16 1, Q4_0 2, Q8_0 8). An option not listed has no
+equivalent there and is left out of the change."""
 
 _NO_REWRITE_PROGRAMS = ("llama_cpp.",)
 """Programs of an engine whose settings have other names than the engine's own program (llama-cpp-python's server
@@ -226,6 +241,19 @@ def _ollama_unit_command(env: dict) -> str:
     return ("sudo mkdir -p /etc/systemd/system/ollama.service.d && printf '[Service]\\n" + lines + "' | sudo tee "
             "/etc/systemd/system/ollama.service.d/kvreport.conf >/dev/null && sudo systemctl daemon-reload && "
             "sudo systemctl restart ollama")
+
+
+def _llama_cpp_python(change: dict) -> dict:
+    """A llama-server-spelled change in llama-cpp-python's server options (:data:`LLAMA_CPP_PYTHON_OPTIONS`)."""
+    out = {}
+    for k, v in change.items():
+        if k not in LLAMA_CPP_PYTHON_OPTIONS:
+            if not k.startswith("-"):
+                out[k] = v
+            continue
+        name, values = LLAMA_CPP_PYTHON_OPTIONS[k]
+        out[name] = values.get(v, v) if values else v
+    return out
 
 
 def _command(s: Situation, change: dict) -> str | None:
@@ -628,8 +656,8 @@ def _rebalance(b: _Builder, rank: float) -> None:
     s = b.s
     idx = _dev_index(s.failing_device)
     n = max(s.n_devices, (idx + 1) if idx is not None else 0)
-    if n < 2 or idx is None or (s.split_room_mib is not None and s.split_room_mib < 0):
-        return  # (the devices together lack the room: no split places the load)
+    if n < 2 or idx is None or (s.split_room_mib is not None and s.split_room_mib < 0) or s.backend == "metal":
+        return  # (the devices together lack the room: no split places the load; a Mac has one GPU, however named)
     split = ["1"] * n
     split[idx] = "0.5"
     room = (f"; the {n} devices together keep {_mib(s.split_room_mib)} MiB after it" if s.split_room_mib is not None
@@ -854,6 +882,41 @@ def _slots_for_full_kv(b: _Builder, rank: float) -> None:
           f"one sequence gets all {s.n_ctx or 'n_ctx'} cells" if s.n_ctx else "one sequence gets the whole context",
           "The KV cache ran out of free cells while serving: each parallel slot owns n_ctx / n_parallel cells. One "
           "slot (or a larger -c) gives a long request room.")
+
+
+def _draft_ctx(b: _Builder, rank: float) -> None:
+    """The draft model's own context (-cd / --ctx-size-draft; its default is the main model's): sized to what the
+    failed draft buffer says fits, else a quarter of the main context, never below 4096 (the draft must hold the
+    requests it drafts for)."""
+    s = b.s
+    cur = s.n_ctx
+    if not cur:
+        return
+    target = cur // 4
+    if s.phase == "kv_cache" and s.requested_mib and s.free_at_failure_mib is not None and s.requested_mib > 0:
+        target = int(cur * s.free_at_failure_mib * 0.8 / s.requested_mib)
+    target = target // 256 * 256
+    if target < 4096 or target >= cur:
+        return
+    b.add(rank, "reduce-ctx", f"Give the draft model a context of {_tok(target)} tokens",
+          {"--ctx-size-draft": target},
+          f"the draft's KV and compute buffers shrink with its context ({_tok(cur)} now); the main model keeps its "
+          "context", "The failure came while the speculative-decoding draft model was loaded: its context is its own "
+          "setting (-cd, --ctx-size-draft), by default the main model's.")
+
+
+def _draft_cache(b: _Builder, rank: float) -> None:
+    s = b.s
+    b.add(rank, "quantize-kv-cache", "Store the draft model's KV cache as q8_0",
+          {"--cache-type-k-draft": "q8_0", "--cache-type-v-draft": "q8_0", **_fa_on(s)},
+          "about half the draft's KV bytes of f16", "The draft's cache has its own types (-ctkd / -ctvd); -ctk / -ctv "
+          "apply to the main model only.")
+
+
+def _draft_host(b: _Builder, rank: float) -> None:
+    b.add(rank, "reduce-gpu-layers", "Keep the draft model on the CPU", {"--n-gpu-layers-draft": 0},
+          "the draft's weights and KV leave the GPU (drafting gets slower)",
+          "-ngld / --n-gpu-layers-draft places the draft model's layers, apart from the main model's -ngl.")
 
 
 def _flag_value(s: Situation, flag: str) -> int | None:
@@ -1674,6 +1737,11 @@ def kv_alloc_oom(s: Situation) -> bool:
     return s.phase == "kv_cache" and s.torch_oom
 
 
+def draft_failed(s: Situation) -> bool:
+    """llama-server's speculative-decoding draft model failed to load or to get its context."""
+    return s.draft_failed
+
+
 def graph_capture(s: Situation) -> bool:
     """A compute failure while the engine captured its CUDA graphs."""
     return s.graph_capture
@@ -1809,6 +1877,9 @@ RULES: tuple[Rule, ...] = (
     _r("reduce-batch", LLAMA, "kv_capacity", not_request_refused, 1, _reduce_batch),
     _r("bisect-regression", LLAMA, _UNK, crashed, -1, _bisect_crash),
     _r("enable-flash-attn", LLAMA, _UNK, v_quant_needs_fa, -1, _flash_for_v_cache),
+    _r("reduce-ctx", LLAMA, (*_KVC, *_CB), draft_failed, -1.2, _draft_ctx),
+    _r("quantize-kv-cache", LLAMA, _KVC, draft_failed, -1.1, _draft_cache),
+    _r("reduce-gpu-layers", LLAMA, (*_KVC, *_CB, "model_weights"), draft_failed, -1.0, _draft_host),
     _r("reduce-ctx", LLAMA, _UNK, huge_ctx, 0, _reduce_ctx),
     _r("quantize-kv-cache", LLAMA, _UNK, huge_ctx, 1, _quantize),
     _r("reduce-gpu-layers", LLAMA, _UNK, huge_ctx_on_gpu, 2, _reduce_layers_sized),

@@ -47,6 +47,8 @@ _BUILD = (
     re.compile(r"version:\s*([\w.\-]+)\s*\(build (\d+), commit (\w+)\)"),
     re.compile(r"build\s*=\s*(\d+)\s*\(([0-9a-f]{6,40}|unknown)\)"),
     re.compile(r"\bbuild (\d+) \(([0-9a-f]{6,40}|unknown)\)"),
+    # the 2024 server's JSON-style log ("INFO [ main] build info | tid=... build=3549 commit=\"b7a08fd5\"")
+    re.compile(r"build info \|.*?\bbuild=(\d+) commit=\"?([0-9a-f]{6,40}|unknown)"),
 )
 _FIT_PROJ = re.compile(r"projected to use (\d+) MiB of (device|host) memory vs\. (\d+) MiB of (?:free device|total host|free) memory")
 _FIT_CTX = re.compile(r"context size reduced from (\d+) to (\d+)")
@@ -185,7 +187,19 @@ _CONTEXT_STAGE = ("llama_context", "llama_new_context", "llama_init_from_model",
                   "graph_reserve")
 
 
+def _sycl_free(f: LogFacts, line: str, lineno: int) -> bool:
+    # ggml-sycl get_memory_info: "[warning] ext_intel_free_memory is not supported (export/set ZES_ENABLE_SYSMAN=1 to
+    # support), use total memory as free memory"
+    f.ctx["sycl_free_is_total"] = True
+    return True
+
+
 def _stage(f: LogFacts, line: str, lineno: int) -> bool:
+    if "draft model '" in line or "MTP draft context" in line:
+        # llama-server loading its speculative-decoding draft ("srv load_model: loading draft model '...'", 2024-26;
+        # "creating MTP draft context against the target model", 2026): what fails after it is the draft's
+        f.ctx["draft_from_line"] = lineno
+        return False
     if "offloading k cache to GPU" in line or "offloading v cache to GPU" in line:
         # 2023 llama_kv_cache_init announced each half before allocating it: an error now is the KV cache's
         f.stage = "kv"
@@ -464,7 +478,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("model hyperparameters (print_info / llm_load_print_meta)", ("print_info", "llm_load_print_meta"),
             _hparams),
     Section("GGUF key/values (llama_model_loader: - kv)", ("- kv ",), _gguf_kv),
-    Section("load stage", ("load_tensors", "llama_model_loader", "done_getting_tensors", *_CONTEXT_STAGE), _stage),
+    Section("load stage", ("load_tensors", "llama_model_loader", "done_getting_tensors", "draft model '",
+                           "MTP draft context", *_CONTEXT_STAGE), _stage),
     Section("auto-fit (kv-facts.md §3)", ("fitting params", "fit params", "fit_params", "projected to use",
                                           *_FIT_WORDS), _fit),
     Section("failure chain (kv-facts.md §1.10-1.11)", FAILURE_KEYWORDS, lambda f, line, n: _feed_failure(f, line, n)),
@@ -475,6 +490,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("old KV size", ("KV self size", "kv self size"), _kv_self),
     Section("buffer sizes", ("buffer size",), _buffers),
     Section("free memory per device", ("MiB free",), _device_free),
+    Section("SYCL free memory not reported", ("use total memory as free memory",), _sycl_free),
     Section("device names (Vulkan, Metal, SYCL)", ("ggml_vulkan: ", "GPU name:", "found device:", ":gpu:"),
             _device_names),
     Section("llamafile GPU support", ("GPU support successfully loaded",), _llamafile_gpu),
