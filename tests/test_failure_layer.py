@@ -124,8 +124,10 @@ EXAMPLES = [
     ("enomem", "fork: Cannot allocate memory", "cpu", "unknown"),
     ("oom-killer", "Out of memory: Killed process 4242 (llama-server) total-vm:52428800kB", "cpu", "unknown"),
     ("kv-slot", "decode: failed to find a memory slot for batch of size 512", None, "kv_capacity"),
-    ("kv-summary", "llama-server: failed to allocate KV cache (requested ctx=262144, gpu memory free=1024 MiB)",
-     None, "kv_cache"),
+    ("ctx-summary", "n_ctx 131072 doesn't fit, only 6 GB free", None, "kv_cache"),
+    ("ctx-summary", "llama-server: failed to allocate KV cache (requested ctx=262144, gpu memory free=1024 MiB)",
+     None, "kv_cache"),  # (the seed line of issue 12: a context and a free figure)
+    ("kv-summary", "llama-server: failed to allocate KV cache, gpu memory free=1024 MiB", None, "kv_cache"),
     ("memory-words", "mystery-engine: allocation failed: insufficient memory on accelerator", None, "unknown"),
     # llama.cpp#1815 (2023): the buffer name quoted
     ("metal-buffer-max", "ggml_metal_add_buffer: buffer 'data' size 18300780544 is larger than buffer maximum of "
@@ -312,6 +314,8 @@ EXAMPLES = [
                          "are available to process this command.", None, "model_weights"),
     ("ollama-required-full", 'Error: 500 Internal Server Error: unable to load full model on GPU', None,
      "memory_budget"),
+    ("oom-killer", "09-04 12:44:09.871  1402  1591 I lowmemorykiller: Kill 'com.Vali98.ChatterUI' (18770), uid 10412, "
+                   "oom_score_adj 0 to free 9871232kB rss, 0kB swap; reason: device is low on swap", "cpu", "unknown"),
     ("torch-allocator-warning", "[rank0]:[W922 05:15:28] memory allocation failed with OOM on device 0 while trying to "
                                 "allocate 3630170112 bytes (free: 202833920, total: 25250627584).", "cuda", "unknown"),
 ]
@@ -943,3 +947,38 @@ def test_a_wrapped_old_torch_oom_gives_device_and_free():
            "total capacity; 15.53 GiB already allocated; 84.12 MiB free; 15.53 GiB reserved in\n")
     f = analyze_text(log)["failure"]
     assert (f["failing_device"], f["requested_mib"], f["free_mib"]) == ("CUDA0", 136.0, 84.12), f
+
+
+def test_lm_studio_load_dialog_is_a_failure():
+    log = ("\U0001f972 Failed to load the model\n\nEngine protocol runtime llama-server for mmVG exited before becoming "
+           "healthy. exitCode=1, signal=null\n")
+    assert analyze_text(log)["failure"]["phase"] == "unknown"
+
+
+@pytest.mark.parametrize(("line", "n_ctx", "free_mib"), [
+    ("llama-server: failed to allocate KV cache (requested ctx=128k, gpu memory free=6 GiB)", 131072, 6144.0),
+    ("n_ctx 131072 doesn't fit, only 6 GB free", 131072, 6144.0),
+    ("failed to allocate KV cache: n_ctx = 131072, free VRAM 6144 MiB", 131072, 6144.0),
+    ("OOM at 32k ctx on a 24GB 4090", 32768, None),
+    ("CUDA out of memory with -c 65536 on RTX 3060 12GB, 2.5 GiB free", 65536, 2560.0),
+    ("kv cache allocation failed with -c 65536 -ctk q8_0 -ctv q8_0, 3 GB free on CUDA0", 65536, 3072.0),
+])
+def test_typed_summaries_in_the_forms_people_write_them(line, n_ctx, free_mib):
+    """A context with a k suffix is thousands of tokens (x 1024), the free memory is read in any order ("free VRAM N",
+    "N GiB free", "only N GB free"): a KV-cache failure with those numbers, never "no failure"."""
+    d = analyze_text(line + "\n")
+    assert d["failure"]["phase"] == "kv_cache", d["failure"]
+    assert d["memory"]["inputs"]["n_ctx"] == n_ctx and d["failure"]["free_mib"] == free_mib, (d["memory"]["inputs"],
+                                                                                             d["failure"])
+
+
+def test_a_typed_cache_type_is_the_one_sized():
+    d = analyze_text("kv cache allocation failed with -c 65536 -ctk q8_0 -ctv q8_0, 3 GB free on CUDA0\n")
+    assert d["memory"]["inputs"]["cache_type_k"] == "q8_0"
+    assert "quantize-kv-cache" not in [s["id"] for s in d["suggestions"]]
+
+
+def test_an_engines_own_context_refusal_is_not_read_as_a_typed_summary():
+    d = analyze_text("Error: InsufficientMemoryError: A context size of 4096 with 4 sequences is too large for the "
+                     "available VRAM\n")
+    assert d["failure"]["phase"] == "memory_budget"

@@ -1089,10 +1089,11 @@ class _Diagnosis:
         else:
             kv_unified = n_seq <= 1 or f.ctx.get("n_parallel_auto") is not None
         real = [k for k in f.kv_caches if not k.get("dry_run")] or list(f.kv_caches)
+        typed = (getattr(self, "summary", None) or {}).get("cache_type_k")  # a typed summary's "-ctk q8_0"
         tk = (real[-1].get("type_k") if real else None) or ctx.get("type_k") or fl.get("cache_type_k") or \
-            f.ollama.get("kv_cache_type") or "f16"
+            f.ollama.get("kv_cache_type") or typed or "f16"
         tv = (real[-1].get("type_v") if real else None) or ctx.get("type_v") or fl.get("cache_type_v") or \
-            f.ollama.get("kv_cache_type") or "f16"
+            f.ollama.get("kv_cache_type") or typed or "f16"
         fa_raw = str(ctx.get("flash_attn") or fl.get("flash_attn") or "").lower()
         flash = False if fa_raw in ("0", "disabled", "off", "false") else True if fa_raw else None
         swa_full = str(ctx.get("swa_full") or "").lower() == "true" or bool(fl.get("swa_full"))

@@ -119,13 +119,19 @@ def issue_title(bundle: dict, diagnosis: dict) -> str:
     return " ".join(parts)
 
 
-def _setting_rows(engine_name: str | None, flags: dict) -> list[tuple[str, object]]:
+def _setting_rows(engine_name: str | None, flags: dict, inputs: dict | None = None) -> list[tuple[str, object]]:
     """The engine's memory settings in its own words (kvreport.engines: ``Context (-c)``, ``Context (num_ctx)``,
-    ``Parallel (OLLAMA_NUM_PARALLEL)``), their values from the command; an unknown engine reads as llama.cpp."""
+    ``Parallel (OLLAMA_NUM_PARALLEL)``), their values from the command, else (context and cache types) what the log
+    showed the engine use (the diagnosis's memory inputs, marked "from the log"); an unknown engine reads as
+    llama.cpp."""
     engine = BY_NAME.get(engine_name or "") or BY_NAME["llama.cpp"]
+    inputs = inputs if isinstance(inputs, dict) and inputs.get("source") in ("log", "gguf") else {}
+    logged = {"context": [inputs.get("n_ctx")], "cache_types": [inputs.get("cache_type_k"), inputs.get("cache_type_v")]}
     rows = []
     for setting in engine.settings:
         values = [flags.get(k) for k in setting.keys]
+        if all(v is None for v in values) and any(v is not None for v in logged.get(setting.what, [])):
+            values = [f"{v} (from the log)" if v is not None else None for v in logged[setting.what]]
         if setting.default is not None:
             values = [f"{setting.default} (default)" if v is None else v for v in values]
         shown = " / ".join(str(v) for v in values if v is not None) or None
@@ -145,7 +151,7 @@ def _gpu_rows(bundle: dict) -> list[tuple[str, object]]:
     return rows
 
 
-def _environment_rows(bundle: dict, engine_name: str | None = None) -> list[tuple[str, object]]:
+def _environment_rows(bundle: dict, engine_name: str | None = None, inputs: dict | None = None) -> list[tuple[str, object]]:
     engine = bundle.get("engine") or {}
     host = bundle.get("host") or {}
     command = bundle.get("command") or {}
@@ -178,7 +184,7 @@ def _environment_rows(bundle: dict, engine_name: str | None = None) -> list[tupl
         *_gpu_rows(bundle),
         ("RAM", ram),
         ("Model", model.get("file_name")),
-        *_setting_rows(name, flags),
+        *_setting_rows(name, flags, inputs),
     ]
 
 
@@ -300,7 +306,7 @@ def issue_body(bundle: dict, diagnosis: dict, url: str | None = None, max_log_li
     out.append("")
     out.append("| | |")
     out.append("|---|---|")
-    for key, value in _environment_rows(bundle, diagnosis.get("engine")):
+    for key, value in _environment_rows(bundle, diagnosis.get("engine"), (diagnosis.get("memory") or {}).get("inputs")):
         out.append(f"| {key} | {_cell(value)} |")  # keys are ours
     devices = _device_rows(bundle)
     if devices:

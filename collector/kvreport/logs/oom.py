@@ -247,14 +247,44 @@ def _metal_buf(m: re.Match) -> dict:
     return {"mib": _mib(m.group("size"), unit), **({"phase_hint": phase} if phase else {})}
 
 
-def _summary(m: re.Match) -> dict:
-    d = m.groupdict()
-    out = {"summary": True}
-    if d.get("ctx"):
-        out["n_ctx"] = int(d["ctx"].replace(",", ""))
-    if d.get("free"):
-        out["free_mib"] = _mib(d["free"], d.get("fu") or "MiB")
+# the numbers of a typed summary, in the forms people write them: a context ("ctx=262144", "n_ctx 131072", "-c 65536",
+# "num_ctx 8192", "ctx=128k", "32k ctx", "128K context"), the free memory ("gpu memory free=1024 MiB", "free VRAM 6144
+# MiB", "2.5 GiB free", "only 6 GB free", "6 GB available"), the request ("16 GiB requested", "requested 16 GiB",
+# "needs 20 GB") and the K cache type ("-ctk q8_0", "type_k=q8_0", "--cache-type-k q4_0")
+_SUM_CTX = re.compile(r"(?i:(?:\bn_ctx|\bctx|\bcontext(?: size| length)?|\bnum_ctx|(?<![\w-])-c|--ctx-size)\s*[=:]?\s*"
+                      r"(?P<n>\d[\d,]*)(?P<k>\s?k\b)?|\b(?P<n2>\d+)\s?k\s*(?:ctx|context)\b)")
+_SUM_FREE = re.compile(r"(?i:\bfree(?: vram| memory| mem| gpu memory)?\s*[=:]?\s*(?P<a>[\d.,]+)\s*(?P<au>[KMGT]i?B)\b|"
+                       r"(?P<b>[\d.,]+)\s*(?P<bu>[KMGT]i?B)\s+(?:of (?:\w+ ){0,2})?(?:is |are )?(?:free|available|left)\b)")
+_SUM_REQ = re.compile(r"(?i:(?P<a>[\d.,]+)\s*(?P<au>[KMGT]i?B)\s+requested|\brequest(?:ed)?\s*[=:]?\s*(?P<b>[\d.,]+)\s*"
+                      r"(?P<bu>[KMGT]i?B)|\bneed(?:s|ed)?\s+(?P<c>[\d.,]+)\s*(?P<cu>[KMGT]i?B))")
+_SUM_TYPE = re.compile(r"(?i:(?:-ctk|--cache-type-k|type_k|cache_type_k)[ =:]+(?P<t>f16|f32|bf16|q8_0|q4_0|q4_1|q5_0|"
+                       r"q5_1|iq4_nl))")
+
+
+def summary_numbers(text: str) -> dict:
+    """What a typed summary line states (see the patterns above): n_ctx in tokens ("128k" is 131072), free_mib and mib
+    (the request) in MiB, cache_type_k; only what the line says."""
+    out: dict = {}
+    m = _SUM_CTX.search(text)
+    if m:
+        n = int((m.group("n") or m.group("n2")).replace(",", ""))
+        out["n_ctx"] = n * 1024 if (m.group("k") or m.group("n2")) else n
+    m = _SUM_FREE.search(text)
+    if m:
+        v, u = (m.group("a"), m.group("au")) if m.group("a") else (m.group("b"), m.group("bu"))
+        out["free_mib"] = _mib(v.replace(",", ""), u)
+    m = _SUM_REQ.search(text)
+    if m:
+        v, u = next((m.group(k), m.group(k + "u")) for k in ("a", "b", "c") if m.group(k))
+        out["mib"] = _mib(v.replace(",", ""), u)
+    m = _SUM_TYPE.search(text)
+    if m:
+        out["cache_type_k"] = m.group("t").lower()
     return out
+
+
+def _summary(m: re.Match) -> dict:
+    return {"summary": True, **summary_numbers(m.string)}
 
 
 _TORCH = (r"(?:(?P<be>CUDA|HIP|XPU|MPS|NPU) (?:backend )?out of memory(?: \([^)]{0,200}\))?\.\s*)?Tried to allocate (?P<req>[\d.]+) ?(?P<ru>[KMGT]i?B|bytes)"
@@ -265,6 +295,18 @@ _TORCH = (r"(?:(?P<be>CUDA|HIP|XPU|MPS|NPU) (?:backend )?out of memory(?: \([^)]
 _TORCH_RX = re.compile(_TORCH)
 
 RULES: tuple[OomRule, ...] = (
+    # -- (first: a typed line's own words win over a runtime's, whose message it quotes) typed summaries that name a context and say it did not fit, in any order: "n_ctx 131072 doesn't fit, only 6
+    #    GB free", "OOM at 32k ctx on a 24GB 4090", "CUDA out of memory with -c 65536" (short lines, as typed)
+    OomRule("ctx-summary", ("ctx", "context", "-c "),
+            # (an engine's own exception line, "Error: InsufficientMemoryError: A context size of 4096 ...", or a
+            # structured log record, 'level=WARN ... msg="requested context size too large"', is read by its own rule)
+            re.compile(r"(?i:^(?!.{0,200}?(?:error|exception):|.{0,80}?\blevel=).{0,160}?(?:(?:\bn_ctx|\bctx|\bcontext|(?<![\w-])-c)\b"
+                       r"[^\n]{0,60}?(?:does ?n[o']t fit|won'?t "
+                       r"fit|\boom\b|out of memory|too (?:big|large))|(?:\boom\b|out of memory|does ?n[o']t fit|fail\w* to "
+                       r"allocate|allocation failed)[^\n]{0,60}?(?:\b\d+\s?k\s*(?:ctx|context)\b|\bn?_?ctx\s*[=:]?\s*\d|(?<![\w-])-c\s+\d))"
+                       r".{0,160}$)"),
+            None, "users' summaries of a context that did not fit (issue texts, chats)", phase="kv_cache",
+            read=_summary),
     # -- ggml CUDA/HIP/MUSA: ggml-cuda.cu CUDA_CHECK -> ggml_cuda_error(): 2023 "CUDA error 2 at ggml-cuda.cu:N: out of
     #    memory", 2024+ "CUDA error: out of memory\n  current device: N, in function F at FILE:L\n  CALL";
     #    GGML_CUDA_NAME is "ROCm" on HIP builds and "MUSA" on MUSA builds (ggml-cuda/vendors/*.h)
@@ -450,8 +492,11 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"killed due to the node running low on memory|killed due to memory pressure \(OOM\)"), "cpu",
             "Ray memory monitor (ray.exceptions.OutOfMemoryError; raylet node_manager)"),
     OomRule("oom-killer", ("Out of memory: Kill", "oom-kill", "oom_kill", "OOMKilled", "signal: killed", "OOM killer",
-                           "exit status 137", "exit code 137", "Killed", "killed", "SIGKILL"),
+                           "exit status 137", "exit code 137", "Killed", "killed", "SIGKILL", "lowmemorykiller: Kill"),
             re.compile(r"Out of memory: Kill(?:ed)? process|oom[-_]kill|OOMKilled|killed by the OOM killer|signal: killed|"
+                       # Android's low-memory killer (lmkd / lowmemorykiller: "Kill 'com.app' (18770), uid ..., to free
+                       # 9871232kB rss ... reason: device is low on swap"), as logcat prints it
+                       r"lowmemorykiller: Kill '|"
                        r"exit (?:status|code) 137|signal 9: SIGKILL|"
                        r"^(?:\S+: )?Killed(?:\s+\S.*)?$|\bKilled\s+(?:python\S*|llama\S*|ollama\S*|vllm\S*)|"
                        # zsh's and bash's job reports: "zsh: killed     python3 ...", "[1]    12345 killed     ./llama-server"
@@ -940,7 +985,9 @@ FATAL = OomRule(
                     # ggml-metal (2026): after one command buffer failed, every later graph is refused
                     "backend is in error state",
                     # Kubernetes: a container that keeps exiting (kubectl describe / get pods, kubelet's event)
-                    "CrashLoopBackOff", "Back-off restarting failed container"),
+                    "CrashLoopBackOff", "Back-off restarting failed container",
+                    # LM Studio's load dialog, its engine runtime's exit before its health check (0.4.x)
+                    "Failed to load the model", "exited before becoming healthy"),
     re.compile(r"panic: |Traceback \(most recent call last\)|terminate called after throwing|Segmentation fault|"
                r"core dumped|\bAborted\b|\bFATAL\b|[Ff]atal error|GGML_ASSERT|ggml_abort|exit status -?\d|"
                r"exited with (?:code|status) -?[1-9]|level=ERROR|ShardCannotStart|failed to start|"
@@ -950,6 +997,7 @@ FATAL = OomRule(
                r"Failed to load LLM\b|\brunner crashed\b|\bpanicked at\b|error while loading shared libraries|"
                r"driver version is insufficient|Internal Server Error|encountered an error while trying to fit params|"
                r"VM_L2_PROTECTION_FAULT|backend is in error state|\bCrashLoopBackOff\b|Back-off restarting failed container|"
+               r"\bFailed to load the model\b|exited before becoming healthy|"
                r"\bcuBLAS error \d+|"
                r"illegal memory access|\bhas crashed\b|\(Exit code: -?\d+\)"
                # glibc backtrace_symbols: "/usr/lib/libllama.so(llama_decode+0xc)[0x7f15...]"
