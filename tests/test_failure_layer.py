@@ -982,3 +982,21 @@ def test_an_engines_own_context_refusal_is_not_read_as_a_typed_summary():
     d = analyze_text("Error: InsufficientMemoryError: A context size of 4096 with 4 sequences is too large for the "
                      "available VRAM\n")
     assert d["failure"]["phase"] == "memory_budget"
+
+
+def test_docker_and_journald_json_records_read_as_their_message():
+    """docker's json-file driver and journalctl -o json wrap each line: the message inside is what is read."""
+    from kvreport.logs.common import clean_line
+
+    assert clean_line('{"log":"print_info: n_layer          = 32\\n","stream":"stderr","time":"2025-07-01T10:22:00Z"}') \
+        == "print_info: n_layer          = 32"
+    assert clean_line('{"_PID":"2231","MESSAGE":"llama_context: n_ctx         = 131072","PRIORITY":"6"}') \
+        == "llama_context: n_ctx         = 131072"
+
+
+def test_a_python_clients_exceed_context_error_gives_the_tokens():
+    log = ("openai.BadRequestError: Error code: 400 - {'error': {'code': 400, 'message': 'the request exceeds the "
+           "available context size, try increasing it', 'type': 'exceed_context_size_error', 'n_prompt_tokens': 9217, "
+           "'n_ctx': 8192}}\n")
+    first = analyze_text(log)["suggestions"][0]
+    assert first["id"] == "raise-ctx" and first["change"] == {"--ctx-size": 9472}, first

@@ -1614,8 +1614,12 @@ def not_request_refused(s: Situation) -> bool:
 
 def budget_names_cache(s: Situation) -> bool:
     """The engine's own budget check names the cache it sized for the maximum length (exllamav2/v3's auto-split:
-    "Insufficient VRAM for model and cache"): the cache, sized by the context, is the first lever."""
-    return s.oom_rule == "exllama-autosplit"
+    "Insufficient VRAM for model and cache"), or Ollama's estimate gives a KV of at least half its requirement
+    ("memory.required.kv" beside "model requires more system memory"): the cache, sized by the context, is the first
+    lever."""
+    if s.oom_rule == "exllama-autosplit":
+        return True
+    return bool(_is_ollama(s) and s.kv_estimate_mib and s.requested_mib and s.kv_estimate_mib >= 0.5 * s.requested_mib)
 
 
 def budget_gap_small(s: Situation) -> bool:
@@ -1780,8 +1784,10 @@ def vllm_pool_too_small(s: Situation) -> bool:
 
 
 def activation_oom(s: Situation) -> bool:
-    """A torch OOM outside the KV pool (graph capture, profiling, warm-up or an unnamed step); not TGI."""
-    return s.engine != "tgi" and s.has_memory_event
+    """A torch OOM outside the KV pool (graph capture, profiling, warm-up, serving or an unnamed step), in any Python
+    engine (TGI's knobs by their own names, kvreport.fixes._py_knobs); TGI's own warm-up message has rows of its own
+    (:func:`prefill_batch`)."""
+    return s.has_memory_event and (s.engine != "tgi" or s.torch_oom or (s.oom_rule or "").startswith("torch"))
 
 
 def prefill_batch(s: Situation) -> bool:

@@ -42,17 +42,23 @@ def clean_line(raw) -> str:
     if "```" in line or "~~~" in line:
         if _FENCE.match(line):
             return ""
-    if line.startswith('{"') and '"msg"' in line:
+    if line.startswith('{"') and ('"msg"' in line or '"log"' in line[:12] or '"MESSAGE"' in line):
         line = _jsonl_msg(line)
     return line.strip()
 
 
 def _jsonl_msg(line: str) -> str:
-    """The message of a llama.cpp ``--log-jsonl`` record (``{"type":"log",...,"msg":"..."}``)."""
+    """The message of a JSON log record: llama.cpp's ``--log-jsonl`` (``{"type":"log",...,"msg":"..."}``), docker's
+    json-file driver (``{"log":"...\n","stream":"stderr","time":...}``, the file under /var/lib/docker/containers),
+    journald's ``journalctl -o json`` (``{..., "MESSAGE":"...", ...}``)."""
     try:
         obj = json.loads(line)
     except ValueError:
         return line
+    if isinstance(obj, dict):
+        for key in ("log", "MESSAGE"):
+            if isinstance(obj.get(key), str) and not isinstance(obj.get("msg"), str):
+                return obj[key].rstrip("\r\n")
     if isinstance(obj, dict) and isinstance(obj.get("msg"), str):
         level = str(obj.get("level", ""))[:1].upper()
         msg = obj["msg"].rstrip("\n")

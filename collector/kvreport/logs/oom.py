@@ -147,7 +147,8 @@ def _tokens(m: re.Match) -> dict:
     return {**({"request_tokens": int(n)} if n else {}), **({"limit_tokens": int(lim)} if lim else {})}
 
 
-_JSON_TOKENS = re.compile(r'"n_prompt_tokens"\s*:\s*(\d+)\s*,\s*"n_ctx"\s*:\s*(\d+)')
+_JSON_TOKENS = re.compile(r'["\']n_prompt_tokens["\']\s*:\s*(\d+)\s*,\s*["\']n_ctx["\']\s*:\s*(\d+)')
+"""llama-server's error body as JSON, or as a Python client prints it (openai.BadRequestError: {'n_prompt_tokens': ...})."""
 
 
 def _tokens_json(m: re.Match) -> dict:
