@@ -1000,3 +1000,25 @@ def test_a_python_clients_exceed_context_error_gives_the_tokens():
            "'n_ctx': 8192}}\n")
     first = analyze_text(log)["suggestions"][0]
     assert first["id"] == "raise-ctx" and first["change"] == {"--ctx-size": 9472}, first
+
+
+@pytest.mark.parametrize("text", [
+    "I used to get OOM at 32k ctx but with -c 16384 it works now\n",
+    "No more 'failed to allocate buffer for kv cache' after upgrading to b5000 — -c 32768 loads fine now.\n",
+    "how much memory does 128k ctx need? will it OOM on a 4090?\n",
+    "Is -c 0 going to OOM on a 3090 with Qwen3-30B-A3B (262k train ctx)?\n",
+    "Feature request: print the projected KV size before 'failed to allocate compute buffer' happens\n",
+    "Dec 01 10:00:00 host ollama[207001]: time=2025-01-01T00:00:00Z level=INFO source=server.go:1 msg=\"llama runner "
+    "started in 2.1 seconds\"\n",
+    "llama_mmap: warning: failed to munlock buffer: Cannot allocate memory\n",
+])
+def test_prose_and_numbers_that_report_no_failure(text):
+    """Prose that mentions a memory error without reporting one, a PID that happens to be CANN's error code, and
+    llama.cpp's munlock warning at exit: no failure (a report that asks a question still is one)."""
+    assert analyze_text(text)["failure"]["phase"] == "none"
+
+
+def test_a_report_that_ends_with_a_question_is_still_a_report():
+    d = analyze_text("Error: model requires more system memory (18.7 GiB) than is available (4.1 GiB), but I have 32GB "
+                     "RAM?\n")
+    assert d["failure"]["phase"] == "memory_budget"

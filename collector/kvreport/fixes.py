@@ -238,8 +238,10 @@ def _ollama_unit_command(env: dict) -> str:
     """The OLLAMA_* settings as a drop-in of Ollama's systemd unit, applied and the service restarted (Ollama's FAQ:
     "Setting environment variables on Linux"), in one line to paste."""
     lines = "".join(f'Environment="{k}={v}"\\n' for k, v in env.items())
+    # (one drop-in file per setting, so that applying a second suggestion does not undo the first)
+    name = "kvreport-" + "-".join(k.lower().removeprefix("ollama_").replace("_", "-") for k in env) + ".conf"
     return ("sudo mkdir -p /etc/systemd/system/ollama.service.d && printf '[Service]\\n" + lines + "' | sudo tee "
-            "/etc/systemd/system/ollama.service.d/kvreport.conf >/dev/null && sudo systemctl daemon-reload && "
+            f"/etc/systemd/system/ollama.service.d/{name} >/dev/null && sudo systemctl daemon-reload && "
             "sudo systemctl restart ollama")
 
 

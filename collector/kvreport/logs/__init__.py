@@ -148,8 +148,8 @@ def wrap_join(prev: str, line: str, adjacent: bool = True) -> str | None:
 def _feed_one(f: LogFacts, raw, lineno: int) -> None:
     line = clean_line(raw)
     present = _ALL.present(line) if line else None
-    if not present:
-        return
+    if not present or oom.prose_not_failure(line):
+        return  # (a typed sentence that mentions an error without reporting one: "no more OOM", a question)
     f.key_line_count += 1
     if is_run_start(line) and f.run_failed():
         f.fold()  # a new run after a failure: count the failed run, keep only the new run's facts

@@ -284,7 +284,9 @@ def summary_numbers(text: str) -> dict:
     return out
 
 
-def _summary(m: re.Match) -> dict:
+def _summary(m: re.Match) -> dict | None:
+    if prose_not_failure(m.string):
+        return None  # "I used to get OOM at 32k", "will it OOM at 128k ctx?": no failure reported
     return {"summary": True, **summary_numbers(m.string)}
 
 
@@ -298,7 +300,8 @@ _TORCH_RX = re.compile(_TORCH)
 RULES: tuple[OomRule, ...] = (
     # -- (first: a typed line's own words win over a runtime's, whose message it quotes) typed summaries that name a context and say it did not fit, in any order: "n_ctx 131072 doesn't fit, only 6
     #    GB free", "OOM at 32k ctx on a 24GB 4090", "CUDA out of memory with -c 65536" (short lines, as typed)
-    OomRule("ctx-summary", ("ctx", "context", "-c "),
+    OomRule("ctx-summary", ("OOM", "oom", "out of memory", "Out of memory", "fit", "llocation failed", "to allocate",
+                            "too big", "too large"),
             # (an engine's own exception line, "Error: InsufficientMemoryError: A context size of 4096 ...", or a
             # structured log record, 'level=WARN ... msg="requested context size too large"', is read by its own rule)
             re.compile(r"(?i:^(?!.{0,200}?(?:error|exception):|.{0,80}?\blevel=).{0,160}?(?:(?:\bn_ctx|\bctx|\bcontext|(?<![\w-])-c)\b"
@@ -458,7 +461,10 @@ RULES: tuple[OomRule, ...] = (
                                                          "limit_mib": float(m.group("max"))}),
     # -- CANN (Ascend): ggml-cann aclrtMalloc / ACL_ERROR_RT_MEMORY_ALLOCATION (207001), rtMalloc failures
     OomRule("cann-oom", ("aclrtMalloc", "rtMalloc", "ACL_ERROR_RT_MEMORY_ALLOCATION", "207001"),
-            re.compile(r"ACL_ERROR_RT_MEMORY_ALLOCATION|\b207001\b|(?:acl)?rtMalloc\w*\b.{0,80}?(?:fail|error|out of memory)",
+            # (207001 only as an error code, "runtime result = 207001", "error code 207001", "ret=207001": a bare
+            # number is a PID, a task id or a vocabulary size as often)
+            re.compile(r"ACL_ERROR_RT_MEMORY_ALLOCATION|(?:result|code|ret|error|errno)\W{0,3}(?:is\W{1,2})?207001\b|"
+                       r"(?:acl)?rtMalloc\w*\b.{0,80}?(?:fail|error|out of memory)",
                        re.I), "cann", "ggml-cann ACL_CHECK; CANN runtime error 207001 (memory allocation)"),
     # -- 2023 ggml: ggml.c ggml_new_tensor_impl / ggml_new_object "not enough space in the context's memory pool
     #    (needed N, available M)" and the scratch pool twin: a fixed host pool that was sized too small
@@ -1035,6 +1041,21 @@ _NET_SIZE = re.compile(r"(?i)allocat\w*\s+(?:(?:memory for requested buffer of s
                        r"(\d{1,3}(?:,\d{3})+|[\d.]+)\s*([KMGT]i?B\b|bytes\b|(?=[\s.,;)]|$))")
 _NOT_FAILURES = re.compile(r"(?i)\b(?:not an? (?:oom|out[ _-]of[ _-]memory)|to avoid|avoid(?:s|ing)? (?:an? )?(?:oom|out of memory)|may run out|might run out|"
                            r"if you (?:run|get|see)|reduce .{0,40}to prevent|--help|usage:|prevent oom|oom[ _-]?(?:score|adj))")
+_PROSE_NOT_FAILURE = re.compile(
+    r"(?i:\bno (?:more )?(?:oom|out[ _-]of[ _-]memory|['\"]?failed to allocate)|\bused to (?:get|see|hit|have)\b|"
+    r"\b(?:works|worked|fixed|solved|resolved|fine) now\b|\bnow (?:it )?works\b|\bno longer (?:get|see|oom|fails?)\b|"
+    r"\b(?:will|would|does|could|can|do) (?:it|this|that|i|we) (?:oom|fit|run out)\b|\bhow much (?:memory|vram|ram)\b|"
+    r"\b(?:going to|gonna) (?:oom|fit|run out)\b|^\W*feature request\b)")
+"""Prose around an out-of-memory error that says there is none now, or asks about one: "no OOM", "I used to get OOM at
+32k but -c 16384 works now", "how much memory does 128k ctx need? will it OOM?", a feature request quoting one (a
+report that asks a question, "... than is available, but I have 32GB RAM?", is still a report)."""
+
+
+def prose_not_failure(line: str) -> bool:
+    """A typed line that mentions memory errors without reporting one (:data:`_PROSE_NOT_FAILURE`)."""
+    return bool(_PROSE_NOT_FAILURE.search(line))
+
+
 REQUEST_RULES = ("vllm-prompt-too-long", "openai-max-context", "sglang-input-too-long", "tgi-input-validation",
                  "ollama-input-too-long", "lmstudio-context-overflow", "llamacpp-prompt-too-long",
                  "llama-server-exceed-context", "exllama-seq-exceeds-cache", "llama-rn-context-full",
@@ -1069,7 +1090,7 @@ def backend_of_words(low: str) -> str | None:
 def _net_data(line: str) -> dict | None:
     """What the net reads from a line in memory-failure words: a size when it names one ("CUDA OOM while allocating
     5.16 GiB"); None for advice, usage text, or an INFO/DEBUG record that only mentions memory errors."""
-    if _NOT_FAILURES.search(line) or _LOG_LEVEL_INFO.search(line[:120]):
+    if _NOT_FAILURES.search(line) or _LOG_LEVEL_INFO.search(line[:120]) or prose_not_failure(line):
         return None
     size = _NET_SIZE.search(line) or _NET_SIZE_PAREN.search(line)
     if not size or (not size.group(2) and "buffer of size" not in size.group(0)):
@@ -1107,7 +1128,8 @@ def stage_of(line: str, present: frozenset[str] | None = None) -> str | None:
     return None
 
 
-_NOT_A_FAILURE = re.compile(r"(?:warning|arning): failed to (?:mlock|VirtualLock) \d+-byte buffer")
+_NOT_A_FAILURE = re.compile(r"(?:warning|arning): failed to (?:mlock|VirtualLock) \d+-byte buffer|"
+                             r"failed to munlock buffer")
 """Lines in memory words that are warnings the engine carries on after: llama-mmap.cpp llama_mlock::raw_lock
 ("warning: failed to mlock N-byte buffer ...: Cannot allocate memory", llama.cpp#6261: the pages are just not pinned;
 on Windows "warning: failed to VirtualLock N-byte buffer (after previously locking M bytes): The paging file is too
@@ -1126,7 +1148,8 @@ def _mark_chained(f: LogFacts, lineno: int) -> None:
 def _side_line(f: LogFacts, line: str, lineno: int) -> bool:
     """Lines that are not failures of their own: warnings the engine carries on after, the continuation lines of an
     error block, a KV pool size. True when the line was one of them (read)."""
-    if ("failed to mlock" in line or "failed to VirtualLock" in line) and _NOT_A_FAILURE.search(line):
+    if ("failed to mlock" in line or "failed to VirtualLock" in line or "failed to munlock" in line) \
+            and _NOT_A_FAILURE.search(line):
         f.warnings.append(line[:500])
         f.engine_hints["llama.cpp"] += 1  # (llama-mmap.cpp's own warning)
         return True
@@ -1169,8 +1192,8 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
     if _side_line(f, line, lineno):
         return
     present = _WORDS.present(line)
-    if not present:
-        return
+    if not present or prose_not_failure(line):
+        return  # (prose that mentions a memory error without reporting one is no event of this layer)
     for word, engine in ENGINE_WORDS:
         if word in present:
             f.engine_hints[engine] += 2 if engine != "llama.cpp" else 1
