@@ -51,7 +51,7 @@ def _hints(f: LogFacts, line: str, lineno: int) -> bool:
     # llm/llama_server.go): Ollama's words for its runner subprocess
     if "llama runner" in line or "llama-server process" in line or "OLLAMA_" in line or _WORD.search(line):
         f.engine_hints["ollama"] += 2
-    if "ollama.service" in line or ("ollama[" in line and _UNIT.search(line)):
+    if not f.ollama.get("systemd") and ("ollama.service" in line or ("ollama[" in line and _UNIT.search(line))):
         f.ollama["systemd"] = True  # journald: the server runs as the systemd unit
     m = _VERSION.search(line) if "version" in line else None
     if m and ("ollama" in line.lower() or "Listening on" in line or "msg=" in line):

@@ -1051,9 +1051,13 @@ _PROSE_NOT_FAILURE = re.compile(
 report that asks a question, "... than is available, but I have 32GB RAM?", is still a report)."""
 
 
+_PROSE_GATE = ("OOM", "oom", "emory", "llocat", "fit", "eature", "EATURE", "run out")
+"""Literals every :data:`_PROSE_NOT_FAILURE` match of interest holds (a line without any skips the regex)."""
+
+
 def prose_not_failure(line: str) -> bool:
     """A typed line that mentions memory errors without reporting one (:data:`_PROSE_NOT_FAILURE`)."""
-    return bool(_PROSE_NOT_FAILURE.search(line))
+    return any(w in line for w in _PROSE_GATE) and bool(_PROSE_NOT_FAILURE.search(line))
 
 
 REQUEST_RULES = ("vllm-prompt-too-long", "openai-max-context", "sglang-input-too-long", "tgi-input-validation",
