@@ -957,11 +957,11 @@ def _raise_ctx(b: _Builder, rank: float) -> None:
     if s.engine in ("llama.cpp", "ollama"):
         change = _ctx_change(s, target)
     else:
-        if _flag_value(s, word) is not None and _flag_value(s, word) >= target and s.engine == "vllm":
+        if (_flag_value(s, word) or 0) >= target and s.engine == "vllm":
             # the context is already longer: vLLM V0's prompt limit is min(max_model_len, max_num_batched_tokens)
             # without chunked prefill, so the smaller one refused it
             word, title = "--max-num-batched-tokens", f"Raise --max-num-batched-tokens to {_tok(target)}"
-        if _flag_value(s, word) is not None and _flag_value(s, word) >= target:
+        if (_flag_value(s, word) or 0) >= target:
             return  # already at least that: the change would be none, or a cut
         change = {word: target} if setting or s.limit_setting else {}
     had = f" (now {_tok(s.limit_tokens)})" if s.limit_tokens else ""
@@ -1118,7 +1118,7 @@ def _sglang_fraction(s: Situation) -> float | None:
     in hundredths; None when the log lacks the two "avail mem" lines."""
     g = s.sglang or {}
     before, after = g.get("avail_before_weights_mib"), g.get("avail_after_weights_mib")
-    if _sglang_rest_mib(s, 0.5) is None:
+    if s.engine != "sglang" or not before or after is None:
         return None
     return math.ceil((1.0 - (after - 1024.0) / before) * 100 + 1e-9) / 100
 
@@ -1417,7 +1417,7 @@ def _py_graphs(b: _Builder, rank: float) -> None:
 
 def _py_seqs_now(s: Situation) -> int | None:
     """The engine's concurrent sequences: the command's setting, else what the failing line says it ran."""
-    return to_int((s.flags or {}).get(_py_knobs(s)["seqs_flag"].lstrip("-").replace("-", "_"))) or s.running_seqs
+    return _flag_value(s, _py_knobs(s)["seqs_flag"]) or s.running_seqs
 
 
 def _py_act_seqs(b: _Builder, rank: float) -> None:

@@ -284,9 +284,7 @@ def summary_numbers(text: str) -> dict:
     return out
 
 
-def _summary(m: re.Match) -> dict | None:
-    if prose_not_failure(m.string):
-        return None  # "I used to get OOM at 32k", "will it OOM at 128k ctx?": no failure reported
+def _summary(m: re.Match) -> dict:
     return {"summary": True, **summary_numbers(m.string)}
 
 
@@ -1056,7 +1054,8 @@ _PROSE_GATE = ("OOM", "oom", "emory", "llocat", "fit", "eature", "EATURE", "run 
 
 
 def prose_not_failure(line: str) -> bool:
-    """A typed line that mentions memory errors without reporting one (:data:`_PROSE_NOT_FAILURE`)."""
+    """A typed line that mentions memory errors without reporting one (:data:`_PROSE_NOT_FAILURE`); no parser reads
+    such a line (kvreport.logs._feed_one), and the failure layer skips such a joined or split part (:func:`feed`)."""
     return any(w in line for w in _PROSE_GATE) and bool(_PROSE_NOT_FAILURE.search(line))
 
 
@@ -1094,7 +1093,7 @@ def backend_of_words(low: str) -> str | None:
 def _net_data(line: str) -> dict | None:
     """What the net reads from a line in memory-failure words: a size when it names one ("CUDA OOM while allocating
     5.16 GiB"); None for advice, usage text, or an INFO/DEBUG record that only mentions memory errors."""
-    if _NOT_FAILURES.search(line) or _LOG_LEVEL_INFO.search(line[:120]) or prose_not_failure(line):
+    if _NOT_FAILURES.search(line) or _LOG_LEVEL_INFO.search(line[:120]):
         return None
     size = _NET_SIZE.search(line) or _NET_SIZE_PAREN.search(line)
     if not size or (not size.group(2) and "buffer of size" not in size.group(0)):
@@ -1197,7 +1196,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         return
     present = _WORDS.present(line)
     if not present or prose_not_failure(line):
-        return  # (prose that mentions a memory error without reporting one is no event of this layer)
+        return  # (a joined or split part is read here, not in _feed_one: prose is no event of this layer)
     for word, engine in ENGINE_WORDS:
         if word in present:
             f.engine_hints[engine] += 2 if engine != "llama.cpp" else 1
