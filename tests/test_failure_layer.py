@@ -57,6 +57,12 @@ EXAMPLES = [
      "unknown"),
     ("lmstudio-load-failed", '"title": "Failed to load model",', None, "unknown"),
     ("radv-alloc", "radv/amdgpu: Failed to allocate a buffer:", "vulkan", "unknown"),
+    ("hsa-out-of-resources", "HSA_STATUS_ERROR_OUT_OF_RESOURCES: The runtime failed to allocate the necessary "
+                             "resources.", "rocm", "unknown"),
+    ("cuda-api-oom", "[torch_memory_saver.cpp] cuMemCreate CUDA_ERROR_OUT_OF_MEMORY (may not be an issue e.g. torch "
+                     "allocator will free cache and retry)", "cuda", "unknown"),
+    ("cuda-api-oom", "[torch_memory_saver.cpp] cudaError error: 2 (out of memory)  file=csrc/core.cpp func=resume "
+                     "line=172", "cuda", "unknown"),
     ("xla-resource-exhausted", "RuntimeError: Bad StatusOr access: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. "
                                "Ran out of memory in memory space smem.", None, "unknown"),
     ("memory-check-refused", "Prefill would require ~237.30 GB peak (current 156.05 GB + KV+SDPA 81.25 GB) but dynamic "
@@ -68,7 +74,8 @@ EXAMPLES = [
      None, "memory_budget"),
     ("torch-oom-bare", "RuntimeError: CUDA driver error: out of memory", "cuda", "unknown"),
     ("metal-iogpu-oom", "libc++abi: terminating due to uncaught exception of type std::runtime_error: [METAL] Command "
-                        "buffer execution failed: Insufficient Memory", "metal", "compute_buffer"),
+                        "buffer execution failed: Insufficient Memory", "metal", "unknown"),  # (mlx's words: MLX
+    # allocates weights, KV and activations lazily, so its command buffer does not say which; ggml-metal's does, below)
     ("oom-killer", "A process of this unit has been killed by the OOM killer.", "cpu", "unknown"),
     ("engine:llama.cpp", "ggml_backend_opencl_buffer_type_alloc_buffer: failed to allocate 1048.51 MiB", "opencl",
      "unknown"),
@@ -219,6 +226,8 @@ EXAMPLES = [
     ("hip-vmm-oom", "/home/<user>/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu:359: HipVMM Failure: out of memory", "rocm",
      "compute_buffer"),
     ("hip-vmm-failure", "ggml/src/ggml-cuda/ggml-cuda.cu:669: HipVMM Failure: invalid argument", "rocm", "unknown"),
+    ("opencl-check-other", "ggml_opencl: clGetPlatformIDs(NPLAT, platform_ids, &n_platforms) error -1001 at "
+                           "ggml-opencl.cpp:782", "opencl", "unknown"),
     # NVIDIA's kernel driver on a DGX Spark (a 2026 blog's dmesg)
     ("nvrm-no-memory", "NVRM: nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO_MEMORY]", "cuda", "unknown"),
     # shells' and IDEs' words for a process killed with SIGKILL (the OOM killer's signal)
@@ -356,7 +365,8 @@ def test_cuda_error_block_names_device_and_pool():
 
 def test_a_failure_line_that_is_not_memory_is_unknown_not_none():
     d = analyze_text("CUDA error: an illegal memory access was encountered\nggml-cuda.cu:106: CUDA error\n")
-    assert d["failure"]["phase"] == "unknown" and d["suggestions"] == []
+    # (ggml's abort line ends a crash: a known-good build is the one fix, never a memory one)
+    assert d["failure"]["phase"] == "unknown" and [x["id"] for x in d["suggestions"]] == ["bisect-regression"]
 
 
 def test_recovered_memory_error_is_a_finding():

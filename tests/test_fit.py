@@ -103,6 +103,18 @@ def test_fit_from_a_log_fits_into_the_logs_own_free_memory(monkeypatch):
     assert rep["headroom_mib"] == 0.0 and not rep["fits"]
 
 
+def test_fit_with_model_and_log_keeps_the_logs_context_and_free_memory(monkeypatch, llama3_8b):
+    """--model gives the shape; the --log beside it still gives the context it ran with and its free memory."""
+    monkeypatch.setattr(fit_mod, "local_free_mib", lambda *a: pytest.fail("local devices probed for a log's fit"))
+    case = next(c for c in case_dirs() if c.name.startswith("loc-17"))
+    with_log = json.loads(CliRunner().invoke(main, ["fit", "--model", str(llama3_8b), "--log",
+                                                    str(case / "log.txt"), "--json"]).output)
+    assert with_log["inputs"]["source"] == "gguf" and with_log["inputs"]["n_head_kv"] == 8
+    assert with_log["free_mib"] == 24105.0 and "the log's free memory on CPU" in with_log["free_source"]
+    log_only = json.loads(CliRunner().invoke(main, ["fit", "--log", str(case / "log.txt"), "--json"]).output)
+    assert with_log["inputs"]["n_ctx"] == log_only["inputs"]["n_ctx"]
+
+
 def test_fit_from_hf_config(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32,

@@ -752,3 +752,74 @@ def test_a_fit_that_gave_up_ends_its_dry_run_without_its_took_line():
                           "user to 99, abort\nload_tensors:", 1)
     d = analyze_text(log)
     assert d["failure"]["verdict"] == "exceeds_free" and d["memory"]["max_ctx_fit"]["f16"] == 78336, d["failure"]
+
+
+MOE_WEIGHTS_FAIL = """print_info: arch                  = qwen3moe
+print_info: n_layer               = 48
+print_info: n_head                = 32
+print_info: n_head_kv             = 4
+print_info: n_embd_head_k         = 128
+print_info: n_embd_head_v         = 128
+print_info: n_embd                = 2048
+print_info: n_expert              = 128
+print_info: n_expert_used         = 8
+ggml_backend_cuda_buffer_type_alloc_buffer: allocating 17408.00 MiB on device 0: cudaMalloc failed: out of memory
+alloc_tensor_range: failed to allocate CUDA0 buffer of size 18253611008
+llama_model_load: error loading model: unable to allocate CUDA0 buffer
+"""
+
+
+def test_moe_weights_keep_experts_on_the_host_with_n_cpu_moe():
+    """A mixture-of-experts model (print_info n_expert > 1) that did not fit: llama.cpp's --n-cpu-moe (b6089+) moves the
+    expert weights of the first N layers to host memory and keeps attention and KV on the GPU."""
+    d = analyze_text(MOE_WEIGHTS_FAIL, "llama-server -m qwen3-30b-a3b.gguf -ngl 99 -c 8192")
+    layers = next(s for s in d["suggestions"] if s["id"] == "reduce-gpu-layers")
+    assert "--n-cpu-moe" in layers["change"] and 0 < layers["change"]["--n-cpu-moe"] <= 48
+    assert "--n-cpu-moe" in layers["command"] and "-ngl 99" in layers["command"]
+    # an older build than b6089 has no such flag: the layer count goes down instead
+    old = analyze_text("build: 5000 (abcdef12) with cc\n" + MOE_WEIGHTS_FAIL, "llama-server -m m.gguf -ngl 99")
+    assert "--n-gpu-layers" in next(s for s in old["suggestions"] if s["id"] == "reduce-gpu-layers")["change"]
+    # a dense model keeps -ngl
+    dense = analyze_text(MOE_WEIGHTS_FAIL.replace("n_expert              = 128", "n_expert              = 0"),
+                         "llama-server -m m.gguf -ngl 99")
+    assert "--n-gpu-layers" in next(s for s in dense["suggestions"] if s["id"] == "reduce-gpu-layers")["change"]
+
+
+def test_ollama_compute_buffer_with_slots_goes_to_one_slot_first():
+    """Ollama's runner context is num_ctx x OLLAMA_NUM_PARALLEL: its compute graph (attention scores) grows with it."""
+    log = ("ggml_vulkan: Device memory allocation of size 5553262592 failed.\n"
+           "ggml_vulkan: Requested buffer size exceeds device memory allocation limit: ErrorOutOfDeviceMemory\n"
+           "ggml_gallocr_reserve_n: failed to allocate Vulkan0 buffer of size 5553262592\n"
+           "llama_init_from_model: failed to allocate compute buffers\n"
+           "panic: unable to create llama context\n")
+    d = analyze_text(log, "OLLAMA_NUM_PARALLEL=4 OLLAMA_CONTEXT_LENGTH=20480 ollama serve")
+    assert d["engine"] == "ollama" and d["failure"]["phase"] == "compute_buffer"
+    first = d["suggestions"][0]
+    assert first["id"] == "reduce-parallel" and first["change"] == {"OLLAMA_NUM_PARALLEL": 1}
+    assert "OLLAMA_NUM_PARALLEL=1" in first["command"]
+    # the per-allocation work-around speaks Ollama's knob, not llama-server's
+    limit = next(s for s in d["suggestions"] if s["id"] == "work-around-alloc-limit")
+    assert limit["change"] == {"num_batch": 256}
+
+
+def test_sglang_oom_at_an_unnamed_step_lowers_the_static_fraction_first():
+    """SGLang's troubleshooting page: a smaller --mem-fraction-static helps with OOM in prefill and decoding alike."""
+    log = ("HSA_STATUS_ERROR_OUT_OF_RESOURCES: The runtime failed to allocate the necessary resources.\n"
+           "Available Free mem: 30 MB\nFatal Python error: Aborted\n")
+    d = analyze_text(log, "python3 -m sglang.launch_server --model-path m --tp 8 --mem-fraction-static 0.9")
+    assert (d["engine"], d["failure"]["backend"], d["failure"]["free_mib"]) == ("sglang", "rocm", 30.0)
+    assert d["suggestions"][0]["id"] == "lower-gpu-memory-utilization"
+    assert d["suggestions"][0]["change"]["--mem-fraction-static"] < 0.9
+    # without the fraction in the command (SGLang computed its own) the direction is given, not a made-up number
+    d = analyze_text(log, "python3 -m sglang.launch_server --model-path m --tp 8")
+    assert d["suggestions"][0]["id"] == "lower-gpu-memory-utilization" and d["suggestions"][0]["change"] == {}
+
+
+def test_an_unknown_engine_gets_the_idea_not_vllm_flags_on_its_command():
+    log = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of " \
+          "23.64 GiB of which 1.02 GiB is free.\n"
+    d = analyze_text(log, "python my_infer.py --batch 8")
+    assert d["engine"] == "unknown"
+    for s in d["suggestions"]:
+        if any(k.startswith("--") for k in s["change"]):
+            assert s["command"] is None and "vLLM's name for it" in s["title"]

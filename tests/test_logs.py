@@ -489,3 +489,38 @@ def test_every_line_a_parser_used_in_the_real_corpus_passes_the_grep_prefilter()
             n_used += len(used)
             assert used <= sel["-E"], (case.name, sorted(used - sel["-E"])[:5])
         assert n_used > 1000
+
+
+def test_a_pinned_refusal_that_names_its_fallback_is_recovered_and_names_the_backend():
+    d = analyze_text("0.05.025.382 W ggml_cuda_moe_cached_pinned_malloc: failed to allocate 24000.00 MiB of pinned "
+                     "memory: out of memory; using pageable cached fallback\n")
+    assert d["failure"]["phase"] == "none" and d["failure"]["backend"] == "cuda"
+    assert any(x["kind"] == "recovered_allocation" for x in d["findings"])
+    # the same refusal without a word of fallback, as the log's last line, is not known to have recovered
+    d = analyze_text("ggml_cuda_host_malloc: failed to allocate 24000.00 MiB of pinned memory: out of memory\n")
+    assert d["failure"]["phase"] != "none"
+
+
+def test_system_info_without_blas_is_a_cpu_build():
+    line = ("system_info: n_threads = 8 / 16 | AVX = 1 | AVX2 = 1 | AVX512 = 0 | FMA = 1 | NEON = 0 | ARM_FMA = 0 | "
+            "F16C = 1 | FP16_VA = 0 | WASM_SIMD = 0 | BLAS = {} | SSE3 = 1 | VSX = 0 | \n"
+            "llama_generate: error: prompt is too long (2249 tokens, max 1996)\n")
+    assert analyze_text(line.format(0))["failure"]["backend"] == "cpu"
+    assert analyze_text(line.format(1))["failure"]["backend"] == "unknown"  # (cuBLAS, CLBlast, Accelerate...)
+
+
+def test_ollama_offload_line_names_the_library():
+    d = analyze_text('time=2025-02-18T02:29:51.627Z level=INFO source=server.go:130 msg=offload library=cuda '
+                     'layers.requested=-1 layers.model=81 layers.offload=44 memory.available="[22.0 GiB]"\n')
+    assert (d["engine"], d["failure"]["phase"], d["failure"]["backend"]) == ("ollama", "none", "cuda")
+
+
+def test_crash_words_of_ggml_glibc_and_go_are_crashes():
+    for line in ("llama.cpp\\ggml\\src\\ggml-backend.cpp:941: pre-allocated tensor (cache_k_l0) in a buffer (Vulkan1) "
+                 "that cannot run the operation (NONE)",
+                 "double free or corruption (out)", "free(): invalid pointer",
+                 "Error: 500 Internal Server Error: llama runner process has terminated: error:fault",
+                 "Error: llama runner process has terminated: exit status 0xc000001d"):
+        d = analyze_text(line + "\n")
+        assert d["failure"]["phase"] == "unknown", line
+        assert [s["id"] for s in d["suggestions"]] == ["bisect-regression"], line

@@ -142,10 +142,15 @@ def test_wants_verbosity_rules():
     assert not wants(["llama-server"], build=9150) and wants(["llama-server"], build=9151)
 
 
-def test_sigterm_is_forwarded_and_status_returned(tmp_path):
+@pytest.mark.parametrize("printed, bundle", [
+    ("ready", False),  # a server stopped by its user: nothing failed, no report
+    ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 8192.00 MiB on device 0: cudaMalloc failed: "
+     "out of memory\\nready", True),  # hung after a failure, then stopped: the failure is reported
+])
+def test_sigterm_is_forwarded_and_status_returned(tmp_path, printed, bundle):
     child = ("import signal, sys, time\n"
              "def h(s, f):\n    print('child got TERM', flush=True); sys.exit(42)\n"
-             "signal.signal(signal.SIGTERM, h)\nprint('ready', flush=True)\ntime.sleep(30)\n")
+             f"signal.signal(signal.SIGTERM, h)\nprint('{printed}', flush=True)\ntime.sleep(30)\n")
     env = {**os.environ, "PATH": str(tmp_path)}  # no GPU tools: probes are absent, fast
     proc = subprocess.Popen([*KVREPORT, "run", "--probe-timeout", "0.5", "-o", str(tmp_path / "b.json"), "--",
                              sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -159,7 +164,8 @@ def test_sigterm_is_forwarded_and_status_returned(tmp_path):
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 42, err.decode()
     assert b"child got TERM" in out
-    assert (tmp_path / "b.json").is_file()
+    assert (tmp_path / "b.json").is_file() is bundle
+    assert (b"was stopped (SIGTERM) and printed no failure" in err) is not bundle
 
 
 def test_cli_run_end_to_end_exit_status(tmp_path):

@@ -334,6 +334,7 @@ class _Diagnosis:
             # on its only pinned refusal does not show that the engine carried on
             last = max(e["lineno"] for e in (*g.events, *g.reasons))  # a group may hold only a reason line
             went_on = g.ok_after or g.success_after or i + 1 < len(groups) or pinned_fell_back or \
+                any(e.get("fell_back") for e in g.events) or \
                 any(e["lineno"] > last for e in f.events if e["kind"] in ("alloc_ok", "success"))
             pinned_fell_back = pinned_fell_back or (g.only_pinned and went_on)
             recovered = (g.only_pinned and went_on) or (g.retried and not later_fatal) or g.success_after
@@ -479,6 +480,8 @@ class _Diagnosis:
             next(e for e in (specific or evs) if e.get("mib"))
         self.trail = {"rule": f"logs.oom rule '{ev['rule']}'", "events": [ev]}
         out["phase"] = ev.get("phase") or self._oom_phase(ev)
+        if ev.get("rule") in LAZY_ALLOCATOR_RULES and self.engine() in LAZY_ALLOCATOR_ENGINES:
+            out["phase"] = "unknown"  # (MLX allocates weights, KV and activations alike inside its command buffers)
         out["backend"] = self._oom_backend(ev)
         out["failing_device"] = self._oom_device(ev)
         out["requested_mib"] = _r2(ev.get("mib"))
@@ -752,8 +755,13 @@ class _Diagnosis:
         platform = str(f.vllm.get("platform") or ("cuda" if f.vllm.get("gpu_worker") else ""))
         if platform in ("cuda", "rocm", "cpu", "tpu", "xpu"):  # vLLM's "Automatically detected platform cuda."
             return {"xpu": "sycl", "tpu": "unknown"}.get(platform, platform)
-        if names and all(backend_of_device(n) == "cpu" for n in names):
-            return "cpu"
+        if (names and all(backend_of_device(n) == "cpu" for n in names)) or (not names and f.ctx.get("system_blas") == "0"):
+            return "cpu"  # (a 2023-24 system_info line with BLAS = 0: a build without any GPU backend)
+        # a backend's own allocator lines, recovered ones included (ggml-cuda's pinned host memory is CUDA's)
+        pinned = next((e["backend"] for e in reversed(f.events) if e["kind"] in ("pinned", "backend")
+                       and e.get("backend")), None)
+        if pinned:
+            return pinned
         for line in reversed(f.error_lines or []):  # the error lines' own backend words ("vk::Queue::submit: ...")
             b = backend_of_words(line.lower())
             if b:
@@ -1074,7 +1082,7 @@ class _Diagnosis:
         n_seq = to_int(ctx.get("n_seq_max"))
         n_seq_known = bool(n_seq)
         if not n_seq:
-            par = fl.get("n_parallel")
+            par = fl.get("n_parallel") if fl.get("n_parallel") is not None else fl.get("num_parallel")  # (Ollama's env)
             n_seq = par if isinstance(par, int) and par > 0 else to_int(f.ctx.get("n_parallel_auto")) or \
                 f.ollama.get("parallel") or None
             n_seq_known = n_seq is not None
@@ -1577,11 +1585,20 @@ class _Diagnosis:
             device_total_mib=(f.devices.get(failure["failing_device"] or "") or {}).get("total_mib"),
             others_mib=getattr(self, "others_mib", None), torch_oom=getattr(self, "torch_oom", False),
             metal_plan=(self.oom_event or {}).get("metal_plan") or {}, engine_build=to_int(f.build),
-            kv_estimate_mib=f.ollama.get("kv_estimate_mib"), final_error=failure.get("final_error"))
+            kv_estimate_mib=f.ollama.get("kv_estimate_mib"), final_error=failure.get("final_error"),
+            n_expert=to_int(f.hparams.get("n_expert")))
 
 
 _CONTEXT_NOT_CREATED = re.compile(r"failed to create context|unable to create context|failed to create_context")
 """llama.cpp's end lines when llama_init_from_model returned NULL (common.cpp, the examples, llama-cpp-python)."""
+
+
+LAZY_ALLOCATOR_ENGINES = ("mlx-lm",)
+"""Engines whose arrays (weights, KV cache, activations) are allocated lazily while a graph is evaluated: a command
+buffer that ran out of memory does not tell which of them it was for (ggml-metal allocates its weight, KV and compute
+buffers up front, so there the same error is the compute graph's)."""
+LAZY_ALLOCATOR_RULES = ("metal-iogpu-oom", "metal-status-5")
+"""The failure-layer formats (kvreport.logs.oom) of a Metal command buffer that failed for memory."""
 
 
 def _r2(x) -> float | None:

@@ -182,7 +182,7 @@ def analyze(path: str, as_json: bool, command_line: str | None, model_path: str 
 @main.command(context_settings=CONTEXT_SETTINGS)
 @click.option("--model", "model_path", type=click.Path(dir_okay=False), help="GGUF model file.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False, allow_dash=True),
-              help="A llama.cpp log that printed the model parameters.")
+              help="A log: its context, cache types and free memory; its print_info lines give the model when --model is not given.")
 @click.option("--config", "hf_config", type=click.Path(dir_okay=False),
               help="A Hugging Face config.json (vLLM / SGLang sizing).")
 @click.option("-c", "--ctx-size", "ctx_size", type=click.IntRange(min=0, max=2**32 - 1),

@@ -241,46 +241,59 @@ def _geometry(shape: ModelShape) -> str:
 
 
 def _shape_from_options(model_path, log_path, hf_config) -> tuple[ModelShape, dict]:
-    """The model shape and any context facts (from a log) for the CLI."""
+    """The model shape and any context facts (from a log) for the CLI: the shape from ``--model``,
+    else ``--config``, else the log's print_info lines; a log always gives its context facts (the
+    context it ran with, its cache types, the free memory it printed), whichever gave the shape."""
     given = [x for x in (model_path, log_path, hf_config) if x]
     if not given:
         raise InputError("give the model: --model FILE.gguf, --log LOG (a llama.cpp log with its "
                          "print_info lines) or --config config.json")
+    facts = _read_log_facts(log_path) if log_path else None
+    ctx = _log_context(facts) if facts is not None else {}
     if model_path:
         from kvreport.gguf_meta import shape_from_gguf
 
-        return shape_from_gguf(model_path), {}
-    if log_path:
-        from kvreport.kvcache import shape_from_hparams
-        from kvreport.logs import parse_log
+        return shape_from_gguf(model_path), ctx
+    if hf_config:
+        from kvreport.hfconfig import load_hf_config, shape_from_hf_config
 
-        try:
-            if log_path == "-":
-                facts = parse_log(sys.stdin)
-            else:
-                with open(log_path, encoding="utf-8", errors="replace") as f:
-                    facts = parse_log(f)
-        except OSError as exc:
-            raise InputError(f"cannot read log {log_path}: {exc.strerror or exc}") from None
-        shape = shape_from_hparams(facts.hparams or {}, facts.gguf_kv or {})
-        if shape is None:
-            raise InputError(f"{log_path} does not print the model parameters (print_info lines)",
-                             hint="recent llama.cpp builds print them only with -lv 4")
-        ctx = dict(facts.ctx or {})
-        # Recent builds print the cache types only on the KV size line (llama-kv-cache.cpp).
-        for cache in reversed(facts.kv_caches or []):
-            if not cache.get("dry_run"):
-                ctx.setdefault("type_k", cache.get("type_k"))
-                ctx.setdefault("type_v", cache.get("type_v"))
-                break
-        ctx = {k: v for k, v in ctx.items() if v is not None}
-        room = log_free_mib(facts)
-        if room:
-            ctx["_free"] = room
-        return shape, ctx
-    from kvreport.hfconfig import load_hf_config, shape_from_hf_config
+        return shape_from_hf_config(load_hf_config(hf_config)), ctx
+    from kvreport.kvcache import shape_from_hparams
 
-    return shape_from_hf_config(load_hf_config(hf_config)), {}
+    shape = shape_from_hparams(facts.hparams or {}, facts.gguf_kv or {})
+    if shape is None:
+        raise InputError(f"{log_path} does not print the model parameters (print_info lines)",
+                         hint="recent llama.cpp builds print them only with -lv 4, or give --model")
+    return shape, ctx
+
+
+def _read_log_facts(log_path: str):
+    """The parsed facts of ``--log`` (``-`` is stdin)."""
+    from kvreport.logs import parse_log
+
+    try:
+        if log_path == "-":
+            return parse_log(sys.stdin)
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            return parse_log(f)
+    except OSError as exc:
+        raise InputError(f"cannot read log {log_path}: {exc.strerror or exc}") from None
+
+
+def _log_context(facts) -> dict:
+    """The context a log ran with (n_ctx, n_seq, cache types) and, under ``_free``, the free memory it printed."""
+    ctx = dict(facts.ctx or {})
+    # Recent builds print the cache types only on the KV size line (llama-kv-cache.cpp).
+    for cache in reversed(facts.kv_caches or []):
+        if not cache.get("dry_run"):
+            ctx.setdefault("type_k", cache.get("type_k"))
+            ctx.setdefault("type_v", cache.get("type_v"))
+            break
+    ctx = {k: v for k, v in ctx.items() if v is not None}
+    room = log_free_mib(facts)
+    if room:
+        ctx["_free"] = room
+    return ctx
 
 
 def local_free_mib(timeout: float = 3.0) -> tuple[float, str]:

@@ -118,6 +118,8 @@ class Situation:
     py_stage: str | None = None
     """The start-up step of a Python engine in which a torch OOM was raised (kvreport.logs.oom.STAGES)."""
     kv_examples_fit: list = field(default_factory=list)
+    n_expert: int | None = None
+    """Experts per layer of a mixture-of-experts model (llama.cpp's ``print_info: n_expert``)."""
     """Without the model: (example shape, largest context in tokens whose f16 KV fits the budget) for the
     well-known shapes of kvreport.analyze.KV_EXAMPLES, shown as examples, never as the user's model."""
     n_seq_known: bool = True
@@ -210,8 +212,12 @@ class _Builder:
             return
         if str((self.s.command or {}).get("program") or "").startswith("llama_cpp."):
             change = _llama_cpp_python(change)
+        command = _command(self.s, change)
+        if _borrowed_names(self.s, change):
+            title += " (vLLM's name for it: the engine is not known, use its own setting of that name)"
+            command = None
         self.items[sid] = (rank, self.n, {"id": sid, "title": title, "change": change,
-                                          "command": _command(self.s, change), "expected": expected, "why": why})
+                                          "command": command, "expected": expected, "why": why})
         self.origin[sid] = (rank, self.rule)
 
     def result(self, limit: int) -> list[dict]:
@@ -243,6 +249,15 @@ def _ollama_unit_command(env: dict) -> str:
     return ("sudo mkdir -p /etc/systemd/system/ollama.service.d && printf '[Service]\\n" + lines + "' | sudo tee "
             f"/etc/systemd/system/ollama.service.d/{name} >/dev/null && sudo systemctl daemon-reload && "
             "sudo systemctl restart ollama")
+
+
+def _borrowed_names(s: Situation, change: dict) -> bool:
+    """A change spelled in vLLM's options for an engine kvreport does not know (a torch OOM of another program): the
+    idea carries over, the flag name does not, so no command is rewritten with it."""
+    if s.engine != "unknown" or family_of(s) != PYTHON:
+        return False
+    own = {str(k).lstrip("-").replace("-", "_") for k in (s.flags or {})}
+    return any(k.startswith("--") and k.lstrip("-").replace("-", "_") not in own for k in change)
 
 
 def _llama_cpp_python(change: dict) -> dict:
@@ -647,11 +662,44 @@ def _reduce_layers(b: _Builder, rank: float, requested: float | None = None) -> 
               f"Fewer GPU layers ({where}) leave device memory for the KV cache and compute buffers; the KV of host "
               "layers lives in host memory (playbook step 4).")
         return
+    if _moe_on_host(b, rank, n):
+        return
     change = {"num_gpu": n} if _is_ollama(s) else {"--n-gpu-layers": n}
     b.add(rank, "reduce-gpu-layers", f"Offload fewer layers to the GPU ({n})", change,
           f"each layer kept on the host frees its weights and its KV from {s.failing_device or 'the GPU'}",
           f"Fewer GPU layers ({where}) leave device memory for the KV cache and compute buffers; the KV of host "
           "layers lives in host memory (playbook step 4).")
+
+
+N_CPU_MOE_BUILD = 6089
+"""llama.cpp b6089 (PR #15077, 2025-08) added ``--n-cpu-moe N``: the expert weights of the first N layers stay in host
+memory, attention and the KV of every layer stay on the GPU (``--cpu-moe``: all of them)."""
+
+
+def _moe_on_host(b: _Builder, rank: float, n_gpu: int) -> bool:
+    """For a mixture-of-experts model (the log's ``n_expert`` > 1) on llama.cpp's own programs, the same room is made
+    by keeping the experts of the layers that -ngl would have moved off in host memory: ``--n-cpu-moe`` (b6089+) moves
+    most of each layer's weights and none of its KV or attention. Returns whether it added that suggestion."""
+    s = b.s
+    flags = s.flags or {}
+    if _is_ollama(s) or not (s.n_expert or 0) > 1 or not s.n_layer or flags.get("cpu_moe") is True:
+        return False
+    if s.engine_build is not None and s.engine_build < N_CPU_MOE_BUILD:
+        return False
+    if str((s.command or {}).get("program") or "").startswith(_NO_REWRITE_PROGRAMS):
+        return False  # (llama-cpp-python's server has no such setting)
+    now = flags.get("n_cpu_moe") if isinstance(flags.get("n_cpu_moe"), int) else 0
+    k = max(now + max(1, (s.n_layer - now) // 4), min(s.n_layer, s.n_layer - n_gpu))
+    if k <= now or k > s.n_layer:
+        return False
+    b.add(rank, "reduce-gpu-layers", f"Keep the experts of {k} layers in host memory (--n-cpu-moe {k})",
+          {"--n-cpu-moe": k},
+          f"the expert weights of the first {k} of {s.n_layer} layers (most of an MoE layer's weights) leave "
+          f"{s.failing_device or 'the GPU'}; attention and the KV cache of every layer stay there",
+          f"A mixture-of-experts model ({s.n_expert} experts per layer) runs only a few experts per token, so its expert "
+          "weights cost little speed in host memory; --n-cpu-moe frees more device memory per layer than -ngl and keeps "
+          "the KV on the GPU (llama.cpp b6089+; older builds: -ot \"ffn_.*_exps=CPU\").")
+    return True
 
 
 def _rebalance(b: _Builder, rank: float) -> None:
@@ -731,12 +779,24 @@ def _flash_for_v_cache(b: _Builder, rank: float) -> None:
               "the alternative is an f16 V cache (--cache-type-v f16) at twice the V bytes.")
 
 
+def _reduce_parallel_compute(b: _Builder, rank: float) -> None:
+    """Ollama's runner sizes its graph for num_ctx x slots: one slot gives a graph for one request's context."""
+    s = b.s
+    slots = _ollama_slots(s)
+    b.add(rank, "reduce-parallel", f"Use 1 parallel slot instead of {slots}", {"OLLAMA_NUM_PARALLEL": 1},
+          f"a runner context {slots}x smaller (num_ctx instead of num_ctx x {slots}), and the attention part of the "
+          "compute buffer with it",
+          f"Ollama gives its runner a context of num_ctx x OLLAMA_NUM_PARALLEL: with {slots} slots the compute graph "
+          "(whose attention scores grow with the context) is built for all of them at once; one slot keeps each "
+          "request's context and shrinks the graph (playbook step 2).")
+
+
 def _alloc_limit(b: _Builder, rank: float) -> None:
     s = b.s
     ub = s.n_ubatch or 512
     new_ub = max(64, ub // 2 if ub > 512 else 256)
     b.add(rank, "work-around-alloc-limit", "Keep each single allocation under the backend's limit",
-          {"--ubatch-size": new_ub},
+          {"num_batch": new_ub} if _is_ollama(s) else {"--ubatch-size": new_ub},
           f"a compute buffer about {ub // new_ub}x smaller than {_mib(s.requested_mib)} MiB" if s.requested_mib is not None
           else f"a compute buffer about {ub // new_ub}x smaller",
           f"The {s.backend} driver refused one allocation of {_mib(s.requested_mib)} MiB because it exceeds its "
@@ -1369,6 +1429,15 @@ def _py_act_lower_util(b: _Builder, rank: float) -> None:
     k = _py_knobs(s)
     util_flag = k["util_flag"]
     cur = _py_cur_util(s)
+    if not cur and k["sg"] and sglang_unplaced_oom(s):
+        # SGLang chose its own fraction and the log does not show it: no number to justify, its FAQ's direction
+        b.add(rank, "lower-gpu-memory-utilization", "Lower --mem-fraction-static below the value SGLang chose", {},
+              "a smaller KV pool, and more of the GPU left for the activations of prefill and decoding; the log does "
+              "not show the fraction SGLang computed (its server_args line does): go 0.05-0.1 below it",
+              "SGLang's troubleshooting page: a smaller --mem-fraction-static leaves room for activations and 'helps "
+              "prevent OOM errors during both prefill and decoding' (a prefill OOM: --chunked-prefill-size; a decode "
+              "OOM: --max-running-requests).")
+        return
     if not cur:
         return
     new = round(max(0.5, cur - 0.05), 2)
@@ -1792,6 +1861,12 @@ def activation_oom(s: Situation) -> bool:
     return s.has_memory_event and (s.engine != "tgi" or s.torch_oom or (s.oom_rule or "").startswith("torch"))
 
 
+def sglang_unplaced_oom(s: Situation) -> bool:
+    """SGLang ran out of memory at a step the log does not name: its troubleshooting page's fix for both prefill and
+    decoding is a smaller --mem-fraction-static (docs.sglang.io, references/faq: "CUDA Out of Memory")."""
+    return s.engine == "sglang" and activation_oom(s) and not s.py_stage
+
+
 def prefill_batch(s: Situation) -> bool:
     """A compute failure that is not a torch OOM read from the log (TGI's warm-up prefill, vLLM's profiling)."""
     return not activation_oom(s)
@@ -1857,6 +1932,7 @@ RULES: tuple[Rule, ...] = (
     _r("smaller-model-or-quant", LLAMA, _CB, working_set, 2, _smaller_model),
     _r("reduce-batch", LLAMA, _CB, working_set, 3, _reduce_batch),
     _r("work-around-alloc-limit", LLAMA, _CB, buffer_over_alloc_limit, 0, _alloc_limit),
+    _r("reduce-parallel", LLAMA, _CB, ollama_slots_multiply_ctx, -0.1, _reduce_parallel_compute),
     _r("reduce-ctx", LLAMA, _CB, kv_update, 0, _reduce_ctx),
     _r("reduce-ctx", LLAMA, _CB, huge_ctx, 0.2, _reduce_ctx),
     _r("reduce-ctx", LLAMA, _CB, big_compute_unknown_ctx, 0.3, _reduce_ctx),
@@ -1922,6 +1998,7 @@ RULES: tuple[Rule, ...] = (
     _r("more-devices", PYTHON, ("kv_capacity", "kv_cache"), util_cannot_grow, 3, _py_more_devices),
     _r("work-around-alloc-limit", PYTHON, _CB, fixed_workspace, -1, _py_workspace),
     _r("bisect-regression", PYTHON, _UNK, crashed, -1, _bisect_crash),
+    _r("lower-gpu-memory-utilization", PYTHON, _UNK, sglang_unplaced_oom, -0.1, _py_act_lower_util),
     _r("reduce-max-model-len", PYTHON, _UNK, activation_oom, 0, _py_act_max_len),
     _r("reduce-max-num-seqs", PYTHON, _CB, sampler_warmup, -0.5, _py_act_seqs),
     _r("shrink-cuda-graphs", PYTHON, _CB, graph_capture, 1.2, _py_graphs),

@@ -18,7 +18,9 @@
    outcome to a configured server. A failure's bundle is remembered there for that.
 5. kvreport exits with CMD's status (128 + N when CMD was killed by signal N; 127 when CMD cannot be
    found, 126 when it cannot be executed). On failure (status != 0), or always with ``--always``,
-   it collects a bundle from what CMD printed and finishes like ``kvreport collect``.
+   it collects a bundle from what CMD printed and finishes like ``kvreport collect``. When kvreport itself
+   received a signal (Ctrl-C, SIGTERM, SIGHUP: the user stopped CMD) and CMD printed no failure, no
+   bundle is written: a stopped server is not a report.
 
 Since llama.cpp b9151 the model, context and KV size lines are printed only at verbosity 4
 (shared/reference/kv-facts.md §1.1): for llama.cpp programs built on ``common`` (llama-server,
@@ -185,9 +187,10 @@ def _pump(pipe, out_stream, name: str, capture: _Capture) -> None:
         pass
 
 
-def execute(argv: list[str], excerpt: Excerpt, on_line=None) -> int:
+def execute(argv: list[str], excerpt: Excerpt, on_line=None, signals_seen: set | None = None) -> int:
     """Run ``argv`` (no shell), tee its output into ``excerpt`` (and each line to ``on_line``),
-    forward signals; return its status as a shell reports it (128 + N for signal N)."""
+    forward signals (each one kvreport received is added to ``signals_seen``); return its status as a shell
+    reports it (128 + N for signal N)."""
     # Python engines (vLLM logs to stdout) would block-buffer into a pipe: ask them not to
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -205,6 +208,8 @@ def execute(argv: list[str], excerpt: Excerpt, on_line=None) -> int:
             return False
 
     def forward(signum, _frame):
+        if signals_seen is not None:
+            signals_seen.add(signum)
         if signum == signal.SIGINT and same_foreground_group():
             return  # the terminal sent it to the child as well
         try:
@@ -231,6 +236,14 @@ def execute(argv: list[str], excerpt: Excerpt, on_line=None) -> int:
         t.join(timeout=5.0)
     capture.close()
     return 128 - rc if rc < 0 else rc
+
+
+def _failed(excerpt: Excerpt) -> bool:
+    """Whether the output kept so far holds a failure (kvreport's own analysis, phase other than none)."""
+    from kvreport.analyze import analyze_text
+
+    text = "\n".join(line for _n, line in excerpt.lines())
+    return analyze_text(text)["failure"]["phase"] != "none"
 
 
 def cli_run(cmd: list[str], log_path: str | None = None, command_line: str | None = None,
@@ -281,14 +294,20 @@ def cli_run(cmd: list[str], log_path: str | None = None, command_line: str | Non
     from kvreport.collect import command_section
 
     watch = _SuccessWatch(command_section(cmd, placement_env()), before, server, token)
+    stopped: set = set()
     try:
-        status = execute(run_argv, excerpt, on_line=watch.on_line)
+        status = execute(run_argv, excerpt, on_line=watch.on_line, signals_seen=stopped)
     except OSError as exc:
         click.echo(f"kvreport: error: {cmd[0]}: {exc.strerror or exc}", err=True)
         return 126
     watch.finish(status)
     if status == 0 and not always:
         return 0
+    if stopped and not always and not log_path and not _failed(excerpt):
+        names = ", ".join(sorted(signal.Signals(n).name for n in stopped))
+        click.echo(f"kvreport: {cmd[0]} was stopped ({names}) and printed no failure: no bundle written "
+                   "(--always writes one anyway)", err=True)
+        return status
     if log_path:
         excerpt = read_log(log_path)
     try:

@@ -471,6 +471,21 @@ def _llamafile_gpu(f: LogFacts, line: str, lineno: int) -> bool:
     return True
 
 
+_SYSINFO_BLAS = re.compile(r"system_info: n_threads = .*?\|\s*BLAS = ([01])\s*\|")
+
+
+def _system_info(f: LogFacts, line: str, lineno: int) -> bool:
+    """llama.cpp's 2023-24 ``system_info: n_threads = N / M | AVX = 1 | ... | BLAS = 0 | ...`` line: ggml_cpu_has_blas()
+    was 1 for every GPU build of that era (cuBLAS, hipBLAS, CLBlast, Vulkan, SYCL, Kompute; Metal builds on macOS have
+    Accelerate), so ``BLAS = 0`` says the build had no GPU backend (kept as ``ctx["system_blas"]``)."""
+    m = _SYSINFO_BLAS.search(line)
+    if not m:
+        return False
+    f.ctx.setdefault("system_blas", m.group(1))
+    f.engine_hints["llama.cpp"] += 1
+    return True
+
+
 SECTIONS: tuple[Section, ...] = (
     # (llama.cpp's own prefixes: its libraries, the multimodal loader mtmd / clip, llama-server's srv / slot lines)
     Section("engine words", ("llama_", "ggml_", "mtmd_", "clip_model_load", "clip_init", "srv    load_model",
@@ -494,6 +509,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("device names (Vulkan, Metal, SYCL)", ("ggml_vulkan: ", "GPU name:", "found device:", ":gpu:"),
             _device_names),
     Section("llamafile GPU support", ("GPU support successfully loaded",), _llamafile_gpu),
+    Section("system_info (2023-24 format)", ("system_info: n_threads",), _system_info),
     Section("ggml_cuda_init", ("ggml_cuda_init",), _cuda_init),
     Section("CUDA device list", ("Device ",), _cuda_device),
     Section("DXGI budget (Vulkan on Windows)", ("DXGI",), _dxgi),
@@ -621,9 +637,15 @@ def _f_cuda_oom(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
     f.engine_hints["llama.cpp"] += 1
 
 
+_SAYS_FELL_BACK = re.compile(r"\b(?:fall(?:ing)?[ -]?back|fallback|using (?:pageable|regular|non-pinned)|will use)\b", re.I)
+"""A pinned-memory refusal that names its own fallback on the same line (forks' expert caches: "...: out of memory;
+using pageable cached fallback"): the engine carried on whatever follows."""
+
+
 def _f_pinned(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
     f.add_event("pinned", lineno, line, backend="cuda", device=f"{f.cuda_name or 'CUDA'}_Host",
-                mib=float(m.group(1).replace(",", ".")), error=(m.group(2) or "").strip())
+                mib=float(m.group(1).replace(",", ".")), error=(m.group(2) or "").strip(),
+                fell_back=bool(_SAYS_FELL_BACK.search(m.group(2) or "")))
     f.engine_hints["llama.cpp"] += 1  # ggml-cuda's ggml_cuda_host_malloc
 
 

@@ -113,25 +113,36 @@ def _inference_compute(f: LogFacts, a: dict, line: str, lineno: int) -> None:
         o["min_cuda_compute"] = min(cc, o.get("min_cuda_compute", cc))
 
 
+def _offload_record(f: LogFacts, a: dict, msg: str, line: str, lineno: int) -> None:
+    """Ollama's offload plan (``msg=offload library=cuda layers.offload=44 memory.required.kv=...``): its estimate,
+    the library it plans for, the free memory it saw per GPU and the layers it planned on the GPU."""
+    o = f.ollama
+    o["estimate"] = {k: v for k, v in a.items() if k.startswith(("memory.", "layers.", "library"))}
+    if "memory.required.kv" in a:
+        o["kv_estimate_mib"] = _mib(a["memory.required.kv"])
+    # the library it plans for: "msg=offload library=cuda" (0.5+) or 'msg="offload to cuda"' (0.1-0.4)
+    lib = a.get("library") or (msg.split(" to ", 1)[1] if " to " in msg else None)
+    if lib:
+        o.setdefault("gpu_library", lib.strip().lower())
+    # its scheduler's view of each GPU's free memory ("[15.4 GiB]", one entry a GPU, before anything is loaded)
+    # and the layers it planned on the GPU ("layers.offload=32 layers.model=33", the -ngl of the run that
+    # follows when no "offloaded N/M layers" line gives it)
+    avail = [size_to_mib(float(v), u) for v, u in _SIZE.findall(a.get("memory.available", ""))]
+    if avail:
+        o["offload_available_mib"] = avail  # before the weights were loaded: an upper bound on free at failure
+        f.note_line("free:ollama_offload", lineno, line)
+    off, total = to_int(a.get("layers.offload")), to_int(a.get("layers.model"))
+    if off is not None and total:
+        f.ctx.setdefault("offloaded_layers", f"{off}/{total}")
+
+
 def _msg_record(f: LogFacts, line: str, lineno: int) -> bool:
     """Ollama's structured records (``msg="offload to cuda"``, ``msg="kv cache"``, ``msg="inference compute"``...)."""
     o = f.ollama
     a = _attrs(line)
     msg = a.get("msg", "")
     if msg.startswith("offload"):
-        o["estimate"] = {k: v for k, v in a.items() if k.startswith(("memory.", "layers.", "library"))}
-        if "memory.required.kv" in a:
-            o["kv_estimate_mib"] = _mib(a["memory.required.kv"])
-        # its scheduler's view of each GPU's free memory ("[15.4 GiB]", one entry a GPU, before anything is loaded)
-        # and the layers it planned on the GPU ("layers.offload=32 layers.model=33", the -ngl of the run that
-        # follows when no "offloaded N/M layers" line gives it)
-        avail = [size_to_mib(float(v), u) for v, u in _SIZE.findall(a.get("memory.available", ""))]
-        if avail:
-            o["offload_available_mib"] = avail  # before the weights were loaded: an upper bound on free at failure
-            f.note_line("free:ollama_offload", lineno, line)
-        off, total = to_int(a.get("layers.offload")), to_int(a.get("layers.model"))
-        if off is not None and total:
-            f.ctx.setdefault("offloaded_layers", f"{off}/{total}")
+        _offload_record(f, a, msg, line, lineno)
     elif msg in ("kv cache", "model weights", "compute graph", "total memory"):
         # (0.10: device=CUDA0; 0.11+ new engine: buffer=CUDA0 for weights, backend=CUDA0 buffer_type=CUDA0 for graphs)
         device = a.get("device") or a.get("buffer_type") or a.get("buffer") or a.get("backend")

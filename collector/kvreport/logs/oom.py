@@ -350,6 +350,12 @@ RULES: tuple[OomRule, ...] = (
     OomRule("cuda-malloc-oom", ("cudaMalloc failed", "hipMalloc failed", "cuMemCreate", "cudaErrorMemoryAllocation"),
             re.compile(r"(cuda|hip)Malloc failed: out of memory|cudaErrorMemoryAllocation|hipErrorOutOfMemory"),
             "cuda", "ggml-cuda.cu ggml_backend_cuda_buffer_type_alloc_buffer; Ollama 'cudaMalloc failed: out of memory'"),
+    # -- the CUDA driver and runtime APIs' own names, as libraries that call them print them ("cuMemCreate
+    #    CUDA_ERROR_OUT_OF_MEMORY", "cudaError error: 2 (out of memory)": torch_memory_saver, cupy, TensorRT)
+    OomRule("cuda-api-oom", ("CUDA_ERROR_OUT_OF_MEMORY", "(out of memory)"),
+            re.compile(r"\bCUDA_ERROR_OUT_OF_MEMORY\b|\bcudaError\w*:? (?:error:? )?2 \(out of memory\)"), "cuda",
+            "CUDA driver API CUresult CUDA_ERROR_OUT_OF_MEMORY (2); runtime cudaErrorMemoryAllocation (2) "
+            "(torch_memory_saver#99)"),
     # -- torch (vLLM, SGLang, TGI, LMDeploy's PyTorch engine): torch/csrc/.../CUDACachingAllocator.cpp
     # -- vLLM gpu_model_runner._dummy_sampler_run (V1): "CUDA out of memory occurred when warming up sampler with N
     #    dummy requests. Please try lowering `max_num_seqs` or `gpu_memory_utilization`"
@@ -429,6 +435,12 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"Buffer size \((\d+)\) exceeds the max buffer size limit \((\d+)\)"), None,
             "ggml/src/ggml-webgpu/ggml-webgpu.cpp (2025-26) with Dawn's CreateBuffer validation message",
             engine="llama.cpp", read=_mlx_limit),
+    # -- ROCm's HSA runtime (ROCR hsa_status_t, as HIP / torch / SGLang on ROCm print it when it aborts): "HSA_STATUS_ERROR
+    #    _OUT_OF_RESOURCES: The runtime failed to allocate the necessary resources." (often with "Available Free mem: N
+    #    MB" next); 0x1008 is its code in HCC's STATUS_CHECK lines
+    OomRule("hsa-out-of-resources", ("HSA_STATUS_ERROR_OUT_OF_RESOURCES",),
+            re.compile(r"HSA_STATUS_ERROR_OUT_OF_RESOURCES"), "rocm",
+            "ROCR-Runtime hsa.h hsa_status_t (sglang#25797, ROCm/hip#3253, tinygrad#3608)"),
     # -- Vulkan: vulkan-hpp exception names (ggml-vulkan.cpp catches vk::SystemError)
     OomRule("vulkan-oom", ("ErrorOutOfDeviceMemory", "ErrorOutOfHostMemory", "OutOfDeviceMemoryError",
                            "VK_ERROR_OUT_OF_DEVICE_MEMORY", "VK_ERROR_OUT_OF_HOST_MEMORY"),
@@ -451,6 +463,12 @@ RULES: tuple[OomRule, ...] = (
     OomRule("opencl-check", ("ggml_opencl:",),
             re.compile(r"ggml_opencl: .{0,200}?(?:clCreateBuffer.{0,200}? error -?\d+|error -(?:4|5|6|61)) at \S*ggml-opencl"),
             "opencl", "ggml-opencl.cpp CL_CHECK (llama.cpp 2023-2024, koboldcpp CLBlast)", engine="llama.cpp"),
+    # the same check on any other code (-1001: no OpenCL platform, the ICD loader found none; -30 invalid value...):
+    # the backend did not start, not a memory failure, whatever hint follows ("You may be out of VRAM")
+    OomRule("opencl-check-other", ("ggml_opencl:",),
+            re.compile(r"ggml_opencl: .{0,200}? error -?\d+ at \S*ggml-opencl"),
+            "opencl", "ggml-opencl.cpp CL_CHECK with a code that is not memory (koboldcpp#239: -1001)",
+            engine="llama.cpp", memory=False),
     # -- Metal API validation (debug builds, Xcode): "newBufferWith*:length 0x86004000 must not exceed 2048 MB."
     OomRule("metal-validation-length", ("must not exceed",),
             re.compile(r"newBuffer\w*\*?:length (?P<len>0x[0-9a-fA-F]+|\d+) must not exceed (?P<max>\d+) MB"),
@@ -589,15 +607,18 @@ RULES: tuple[OomRule, ...] = (
     OomRule("kv-slot", ("KV cache slot", "kv cache slot", "memory slot for", "free space in the KV cache",
                         "failed to prepare attention ubatches", "KV cache is full", "too big compared to KV size",
                         "Context size has been exceeded", "context size has been exceeded", "context size exceeded",
-                        "failed to decode, ret = 1"),
+                        "failed to decode, ret = 1", "NoKvSlot"),
             re.compile(r"(?i:failed to find (?:a )?(?:kv cache slot|memory slot for (?:u?batch)|free space in the kv cache)"
                        r"|failed to prepare attention ubatches|kv cache is full|too big compared to kv size"
-                       r"|context size has been exceeded|^context size exceeded$|failed to decode, ret = 1\b)"),
+                       r"|context size has been exceeded|^context size exceeded$|failed to decode, ret = 1\b)"
+                       # LLamaSharp names llama_decode's return codes (DecodeResult.NoKvSlot = 1)
+                       r"|llama_decode failed: '?NoKvSlot\b"),
             None, "llama.cpp llama_decode (llama-context.cpp), the hybrid memory's init_batch (llama-memory-hybrid.cpp), "
             "llama-server update_slots ('failed to decode the batch: KV cache is full', 'Input prompt is too big "
             "compared to KV size', 'Context size has been exceeded'); examples/simple-chat and llama-run's own check "
             "('context size exceeded' alone on its line); llama_decode's return value 1, 'could not find a KV slot for the "
-            "batch' (llama.h), as the examples abort on it ('failed to decode, ret = 1')", phase="kv_capacity",
+            "batch' (llama.h), as the examples abort on it ('failed to decode, ret = 1') and LLamaSharp names it "
+            "(LLamaDecodeError: llama_decode failed: 'NoKvSlot', LLamaSharp#660)", phase="kv_capacity",
             engine="llama.cpp"),
     OomRule("kv-slot-ollama", ("could not find a kv cache slot", "could not find a KV cache slot"),
             re.compile(r"(?i:could not find a kv cache slot)"), None, "Ollama runner kvcache/causal.go (2024-2026)",
@@ -653,8 +674,9 @@ RULES: tuple[OomRule, ...] = (
     OomRule("tgi-input-validation", ("Input validation error", "`max_new_tokens` must be <="),
             re.compile(r"(?:Input validation error: )?`inputs` (?:tokens \+ `max_new_tokens` must be <= (?P<m>\d+)(?:\. "
                        r"Given: (?P<given>\d+) `inputs` tokens and (?P<new>\d+) `max_new_tokens`)?|must have less than "
-                       r"(?P<m2>\d+) tokens\. Given: (?P<n>\d+))"), None,
-            "TGI router validation.rs (max_total_tokens / max_input_tokens; llm-vscode#94, TGI#695)",
+                       r"(?P<m2>\d+) tokens\. Given: (?P<n>\d+))|`max_new_tokens` must be <= (?P<m3>\d+)\b"), None,
+            "TGI router validation.rs (max_total_tokens / max_input_tokens; MaxNewTokens: \"`max_new_tokens` must be <= "
+            "{0}. Given: {1}\", the room max_total_tokens leaves after the input; llm-vscode#94, TGI#695)",
             phase="kv_capacity", engine="tgi",
             read=lambda m: {**_tokens(m), **({"limit_setting": "--max-input-tokens"} if m.group("m2") else {})}),
     OomRule("ollama-input-too-long", ("input length exceeds", "exceeds the context length"),
@@ -958,6 +980,12 @@ ENGINE_WORDS = (("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"), ("TurboMind
                 # vLLM's config check (config.py _get_and_verify_max_len: "User-specified max_model_len (N) is greater
                 # than the derived max_model_len (...)"); SGLang's kernel package in a path or frame
                 ("derived max_model_len", "vllm"), ("/sgl-kernel/", "sglang"), ("sgl_kernel", "sglang"),
+                # sgl-project's torch_memory_saver (SGLang's --enable-memory-saver: pauses and resumes its weights and
+                # KV cache for RL trainers), whose C++ lines start "[torch_memory_saver.cpp]"
+                ("[torch_memory_saver", "sglang"),
+                # LMDeploy's own name for its context ("total sequence length (A + B) exceeds `session_len` (N),
+                # `max_new_tokens` is truncated to M": lmdeploy/serve/async_engine.py)
+                ("exceeds `session_len`", "lmdeploy"),
                 # ggml's own names in upper case and its C sources (GGML_ASSERT, "GGML backend", ggml.c, ggml-alloc.c)
                 ("GGML", "llama.cpp"), ("ggml.c", "llama.cpp"), ("common_fit_params", "llama.cpp"),
                 ("common_params_fit", "llama.cpp"),
@@ -968,9 +996,18 @@ ENGINE_WORDS = (("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"), ("TurboMind
                 ("error loading model: ", "llama.cpp"), ("unknown model architecture: '", "llama.cpp"))
 """Words that name an engine this layer knows only through its memory errors (module names, log prefixes)."""
 
-WINDOWS_CRASH = ("0xc0000409", "0xc0000005", "-1073740791", "-1073741819", "3221226505", "3221225477")
-"""Windows' crash statuses (fail-fast abort, access violation) in hex and as signed / unsigned exit codes."""
+WINDOWS_CRASH = ("0xc0000409", "0xc0000005", "0xc000001d", "-1073740791", "-1073741819", "-1073741795", "3221226505",
+                 "3221225477", "3221225501")
+"""Windows' crash statuses (fail-fast abort, access violation, illegal instruction) in hex and as signed / unsigned
+exit codes."""
 _WINDOWS_CRASH_RX = r"(?<!\w)(?i:" + "|".join(map(re.escape, WINDOWS_CRASH)) + r")(?!\w)"
+
+GLIBC_HEAP_ABORT = r"double free or corruption|\b(?:free|malloc|realloc|munmap_chunk)\(\): (?:invalid|corrupted|unaligned)|corrupted size vs\. prev_size|corrupted double-linked list"
+"""glibc malloc's own aborts (malloc/malloc.c malloc_printerr): a corrupted heap, a bug, never a shortage of memory."""
+
+GGML_ABORT_AT = r"(?<![\w.-])(?:ggml|llama)[\w.-]*\.(?:c|cpp|cu|m):\d+: "
+"""ggml_abort's first words (ggml.c: ``fprintf(stderr, "%s:%d: ", file, line)``, then the message): the file is one of
+ggml's or llama.cpp's own sources ("ggml-backend.cpp:941: pre-allocated tensor ... cannot run the operation")."""
 
 FATAL = OomRule(
     "fatal-words", ("panic: ", "Traceback", "terminate called", "Segmentation fault", "core dumped", "Aborted", "FATAL",
@@ -992,7 +1029,12 @@ FATAL = OomRule(
                     # Kubernetes: a container that keeps exiting (kubectl describe / get pods, kubelet's event)
                     "CrashLoopBackOff", "Back-off restarting failed container",
                     # LM Studio's load dialog, its engine runtime's exit before its health check (0.4.x)
-                    "Failed to load the model", "exited before becoming healthy"),
+                    "Failed to load the model", "exited before becoming healthy",
+                    # ggml_abort / GGML_ABORT: "<path>/ggml-backend.cpp:941: <message>" (ggml.c prints file:line first)
+                    ".c:", ".cpp:", ".cu:", ".m:",
+                    # glibc malloc's aborts on a corrupted heap (malloc/malloc.c malloc_printerr)
+                    "double free", "free(): ", "malloc(): ", "realloc(): ", "munmap_chunk(): ", "corrupted size",
+                    "corrupted double-linked"),
     re.compile(r"panic: |Traceback \(most recent call last\)|terminate called after throwing|Segmentation fault|"
                r"core dumped|\bAborted\b|\bFATAL\b|[Ff]atal error|GGML_ASSERT|ggml_abort|exit status -?\d|"
                r"exited with (?:code|status) -?[1-9]|level=ERROR|ShardCannotStart|failed to start|"
@@ -1004,18 +1046,21 @@ FATAL = OomRule(
                r"VM_L2_PROTECTION_FAULT|backend is in error state|\bCrashLoopBackOff\b|Back-off restarting failed container|"
                r"\bFailed to load the model\b|exited before becoming healthy|"
                r"\bcuBLAS error \d+|"
-               r"illegal memory access|\bhas crashed\b|\(Exit code: -?\d+\)"
+               r"illegal memory access|\bhas crashed\b|\(Exit code: -?\d+\)|" + GGML_ABORT_AT + "|" + GLIBC_HEAP_ABORT +
                # glibc backtrace_symbols: "/usr/lib/libllama.so(llama_decode+0xc)[0x7f15...]"
                r"|\(\S*\+0x[0-9a-f]+\)\[0x[0-9a-f]+\]"),
     None, "the last line of a failure that is not (or not recognisably) about memory: panics, tracebacks, "
           "asserts, aborts, exit statuses", memory=False)
 """Not a memory rule: a failure line kvreport cannot tie to memory (phase ``unknown``, no memory fix)."""
 
-CRASH = re.compile(r"GGML_ASSERT|ggml_abort|Segmentation fault|SIGSEGV|SIGABRT|core dumped|\bAborted\b|panic: |"
+CRASH = re.compile(GGML_ABORT_AT + "|" + GLIBC_HEAP_ABORT + r"|GGML_ASSERT|ggml_abort|Segmentation fault|SIGSEGV|SIGABRT|core dumped|\bAborted\b|panic: |"
                    r"terminate called|illegal memory access|ErrorDeviceLost|DEVICE_REMOVED|has crashed|"
                    # an engine's own assertion (Python's AssertionError, a Metal shader's static_assert at library
                    # build), ggml's fixed metadata pool sized too small by the engine itself (ggml_new_object)
-                   r"\bAssertionError\b|static_assert failed|ggml_new_object: not enough space|" + _WINDOWS_CRASH_RX)
+                   r"\bAssertionError\b|static_assert failed|ggml_new_object: not enough space|"
+                   # Go's runtime on a fault in cgo code ("unexpected fault address", "fatal error: fault"), which
+                   # Ollama relays as "llama runner process has terminated: error:fault"
+                   r"unexpected fault address|\berror: ?fault\b|" + _WINDOWS_CRASH_RX)
 """The :data:`FATAL` lines that are a crash: an assert, a fatal signal, a lost device -- the engine's own bug or the
 driver's, not the configuration (kvreport.fixes.crashed)."""
 
@@ -1023,10 +1068,18 @@ KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in (*RULES, FATAL) for k in r.
                                          | {w for w, _ in ENGINE_WORDS} | {w for ws, _ in STAGES for w in ws}
                                          | {"current device:", "hipMalloc(", "metal_limit=", "kv_budget=",
                                             "direct cause of the following exception", *_CAPTURE_DONE_WORDS,
-                                            "model_memory=", '"n_ctx": ', "radv/amdgpu:", *_KV_POOL_WORDS}))
+                                            "model_memory=", '"n_ctx": ', "radv/amdgpu:", "Available Free mem", *_KV_POOL_WORDS}))
 """Every literal that selects a line for this layer (derived from :data:`RULES`, never kept by hand)."""
 
+_HSA_FREE = re.compile(r"Available Free mem\s*:\s*(\d+(?:\.\d+)?)\s*MB\b")
 _RADV_SIZE = re.compile(r"radv/amdgpu:\s+size\s*:\s*(\d+) bytes")
+_NEXT_LINE_NUMBERS = (
+    # the size line under RADV's "Failed to allocate a buffer:" (radv_amdgpu_bo.c prints it next)
+    ("radv/amdgpu:", _RADV_SIZE, "radv-alloc", "mib", lambda m: int(m.group(1)) / 1048576.0),
+    # the free memory ROCm's runtime prints with its out-of-resources abort
+    ("Available Free mem", _HSA_FREE, "hsa-out-of-resources", "free_mib", lambda m: float(m.group(1))),
+)
+"""(literal, pattern, rule, event field, value): a number printed on the line after a rule's own line, within 2."""
 _JSON_N_CTX = re.compile(r'\s*"n_ctx": (\d+),?\s*$')
 _KV_POOL = re.compile(r"Allocate (\d+) bytes for k/v cache|Allocated ([\d.]+) GiB for max tokens in paged KV cache")
 _CURRENT_DEVICE = re.compile(r"current device: (\d+)(?:, in function (\w+))?")
@@ -1172,12 +1225,12 @@ def _side_line(f: LogFacts, line: str, lineno: int) -> bool:
     if "hipMalloc(" in line or "hipMallocManaged(" in line:
         _attach_call(f, line, lineno)
         return True
-    if "radv/amdgpu:" in line and "size" in line:
-        m = _RADV_SIZE.search(line)
-        if m:  # the size line under RADV's "Failed to allocate a buffer:" (radv_amdgpu_bo.c prints it next)
+    for word, rx, rule, key, value in _NEXT_LINE_NUMBERS:
+        m = rx.search(line) if word in line else None
+        if m:
             for ev in reversed(f.events[-3:]):
-                if ev["kind"] == "oom" and ev.get("rule") == "radv-alloc" and 0 < lineno - ev["lineno"] <= 2:
-                    ev["mib"] = int(m.group(1)) / 1048576.0
+                if ev["kind"] == "oom" and ev.get("rule") == rule and 0 < lineno - ev["lineno"] <= 2:
+                    ev[key] = value(m)
                     break
             return True
     if '"n_ctx": ' in line:
