@@ -2,7 +2,7 @@
 against gunicorn + PostgreSQL on this machine; reports bundles/s, p50/p99 latency, errors, and the
 checks (every acknowledged bundle stored once; every cluster counter equal to a full scan).
 
-    .venv/bin/python bench/bench_upload_load.py [--clients 32] [--seconds 60] [--workers 4] [--threads 4]
+    .venv/bin/python bench/bench_upload_load.py [--clients 32] [--seconds 60] [--workers 2] [--threads 2]
                                                 [--ref REV] [--reanalyze N] [--no-half] [--no-healthz]
 
 Each code (this checkout, and with ``--ref REV`` the code of git revision REV, exported with ``git
@@ -436,8 +436,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--ref", help="also measure the server of this git revision, in the same run")
     ap.add_argument("--reanalyze", type=int, default=0, metavar="N",

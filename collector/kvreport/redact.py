@@ -82,6 +82,7 @@ like a secret or an identity.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from bisect import bisect_left
 from collections import Counter
@@ -151,6 +152,7 @@ def _words(name: str) -> list[str]:
     return [w.lower() for w in words]
 
 
+@functools.lru_cache(maxsize=4096)
 def secret_name_strength(name: str) -> int:
     """0 when ``name`` (a variable, flag, JSON key or header name) is not a secret name; 1 for a
     weak one (only the word TOKEN or KEY, in lower case: ``token``, ``mykey``: numbers under it are
@@ -805,7 +807,7 @@ class Redactor:
         low = text.lower()
         if "@" in text:
             text = _URL_CREDS.sub(creds, text)
-        if "=" in text:
+        if "=" in text and ("?" in text or "&" in text or ";" in text):  # (_URL_QUERY: [?&;]name=)
             text = self._sub_value(_URL_QUERY, "url_credentials", text, lambda m: 2 if (
                 m.group("name").lower() in _URL_QUERY_NAMES or is_secret_key(m.group("name"))) else 0,
                 lambda subj, m: _value_span(subj, m.end("pre"), _QUERY_VAL))
