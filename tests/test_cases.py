@@ -234,7 +234,8 @@ def test_suggestion_texts_agree_with_the_numbers(case):
     "KV X MiB of Y MiB" has X <= Y; "now N MiB" and "instead of N MiB" are the diagnosis's kv_required_mib;
     "up to N tokens would fit at q8_0" is max_ctx_fit["q8_0"]; a q8_0 KV still over the free memory says so;
     "R MiB needed, F MiB free" has R > F (else it is worded as memory taken since); bisect-regression's request fits
-    and is not a host buffer; raise-memory-limit only for a host buffer that fit."""
+    and is not a host buffer (or the failure is not about memory); raise-memory-limit only for a host buffer that fit
+    (or Metal's working set)."""
     import re
 
     from kvreport.logs import parse_log
@@ -284,10 +285,15 @@ def test_suggestion_texts_agree_with_the_numbers(case):
             mm = re.search(r"([\d,.]+) MiB needed, ([\d,.]+) MiB free", exp)
             if mm:
                 assert _close(_num(mm.group(1)), f["requested_mib"]) and _num(mm.group(1)) > _num(mm.group(2)), exp
+        elif sid == "bisect-regression" and f["phase"] == "unknown" and ("does not know the architecture" in exp
+                                                                       or "crashed" in exp):
+            pass  # a failure that is not about memory (a crash, an architecture the build does not know)
         elif sid == "bisect-regression":
             assert not host and f["verdict"] == "fits_but_failed", (f, exp)
             mm = re.search(r"([\d,.]+) MiB requested with ([\d,.]+) MiB free", exp)
             assert mm and _num(mm.group(1)) <= _num(mm.group(2)), exp
+        elif sid == "raise-memory-limit" and f["backend"] == "metal" and "iogpu.wired_limit_mb" in exp:
+            pass  # macOS's cap on the GPU's share of unified memory, not a buffer's size
         elif sid == "raise-memory-limit":
             assert host and f["verdict"] in ("fits_but_failed", "exceeds_alloc_limit"), f
             assert f"{f['requested_mib']:,.0f}" in exp or f"{f['requested_mib']:,.2f}" in exp, exp

@@ -226,6 +226,7 @@ EXAMPLES = [
     ("hip-vmm-oom", "/home/<user>/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu:359: HipVMM Failure: out of memory", "rocm",
      "compute_buffer"),
     ("hip-vmm-failure", "ggml/src/ggml-cuda/ggml-cuda.cu:669: HipVMM Failure: invalid argument", "rocm", "unknown"),
+    ("kv-blocks-need-have", "RuntimeError: Not enough free blocks: need 21, have 0", None, "kv_capacity"),
     ("opencl-check-other", "ggml_opencl: clGetPlatformIDs(NPLAT, platform_ids, &n_platforms) error -1001 at "
                            "ggml-opencl.cpp:782", "opencl", "unknown"),
     # NVIDIA's kernel driver on a DGX Spark (a 2026 blog's dmesg)

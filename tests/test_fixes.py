@@ -79,7 +79,9 @@ def test_no_memory_suggestion_for_non_memory_failures():
     d = analyze_text("llama_model_load: error loading model: unknown model architecture: 'tinyfoo'\n"
                      "llama_model_load_from_file_impl: failed to load model\n")
     assert d["failure"]["phase"] == "unknown"
-    assert d["suggestions"] == []
+    # (no memory fix: only a build that knows the architecture)
+    assert [x["id"] for x in d["suggestions"]] == ["bisect-regression"]
+    assert "'tinyfoo'" in d["suggestions"][0]["expected"] and d["suggestions"][0]["change"] == {}
 
 
 def test_a_crash_that_is_not_memory_gets_a_known_good_build_only():

@@ -57,9 +57,10 @@ ANALYZER_VERSION = "2.0.0"
 """Version of the analysis rules; the server stores it and re-analyzes when it changes."""
 
 _DEVICE_PREFIX = BACKEND_DEVICE_PREFIX
-_GGML_CUDA_BLOCK = re.compile(r"\b(?:CUDA|ROCm|MUSA|HIP) error\b")
+_GGML_CUDA_BLOCK = re.compile(r"\b(?:CUDA|ROCm|MUSA|HIP|CANN) error\b")
 """The first line of ggml's CUDA error block (ggml-cuda.cu ggml_cuda_error: "CUDA error: <reason>", "ROCm error" on
-HIP builds), whose next line names the device ("current device: N, in function F at FILE:L")."""
+HIP builds; ggml-cann.cpp ggml_cann_error prints the same block as "CANN error"), whose next lines name the device
+("current device: N, in function F at FILE:L")."""
 KV_EXAMPLES = (
     # (shape, f16 KV bytes per token = n_layer x n_head_kv x head_dim x (K + V) x 2 bytes); from the models' configs
     ("Llama-3.1-8B (32 layers x 8 KV heads x 128)", 32 * 8 * 128 * 2 * 2),
@@ -389,7 +390,7 @@ class _Diagnosis:
             self.has_memory_event = True
             out["final_error"] = f.final_error
         elif strong_engine:
-            self._engine_failure(out, strong_engine[-1], real)
+            self._engine_failure(out, _first_of_burst(strong_engine), real)
         elif self._oom_failure(out, real) or self._fit_failure(out, real):
             pass
         elif engine_events or configs or finals:
@@ -672,7 +673,8 @@ class _Diagnosis:
         if ev.get("rule") == "ggml-cuda-error" or (prefix is None and _GGML_CUDA_BLOCK.search(ev.get("line") or "")):
             # (ggml's CUDA error block, "CUDA error: <any reason>" / "current device: N, in function F", names its
             # device whatever the reason)
-            prefix = {"rocm": "ROCm", "musa": "MUSA"}.get(self._oom_backend(ev), ev.get("cuda_name") or "CUDA")
+            prefix = {"rocm": "ROCm", "musa": "MUSA", "cann": "CANN"}.get(self._oom_backend(ev),
+                                                                            ev.get("cuda_name") or "CUDA")
         return f"{prefix}{idx}" if prefix else None
 
     def _oom_details(self, out: dict, real: list[dict]) -> None:
@@ -758,10 +760,11 @@ class _Diagnosis:
         if (names and all(backend_of_device(n) == "cpu" for n in names)) or (not names and f.ctx.get("system_blas") == "0"):
             return "cpu"  # (a 2023-24 system_info line with BLAS = 0: a build without any GPU backend)
         # a backend's own allocator lines, recovered ones included (ggml-cuda's pinned host memory is CUDA's)
-        pinned = next((e["backend"] for e in reversed(f.events) if e["kind"] in ("pinned", "backend")
-                       and e.get("backend")), None)
-        if pinned:
-            return pinned
+        for e in reversed(f.events):
+            b = e.get("backend") if e["kind"] in ("pinned", "backend") else \
+                backend_of_device(e.get("device")) if e["kind"] == "ggml" else None
+            if b and b != "cpu":
+                return b
         for line in reversed(f.error_lines or []):  # the error lines' own backend words ("vk::Queue::submit: ...")
             b = backend_of_words(line.lower())
             if b:
@@ -1599,6 +1602,16 @@ buffer that ran out of memory does not tell which of them it was for (ggml-metal
 buffers up front, so there the same error is the compute graph's)."""
 LAZY_ALLOCATOR_RULES = ("metal-iogpu-oom", "metal-status-5")
 """The failure-layer formats (kvreport.logs.oom) of a Metal command buffer that failed for memory."""
+
+
+def _first_of_burst(events: list[dict]) -> dict:
+    """The last engine event, or for torch OOMs printed by several workers at once (tensor / pipeline parallel ranks,
+    Ray workers: "GPU 4 ... GPU 7 ...", within a few lines) the first of them: the rank that ran out first."""
+    i = len(events) - 1
+    while i > 0 and events[i].get("torch_oom") and events[i - 1].get("torch_oom") \
+            and events[-1]["lineno"] - events[i - 1]["lineno"] <= 20:
+        i -= 1
+    return events[i]
 
 
 def _r2(x) -> float | None:

@@ -779,6 +779,17 @@ def _flash_for_v_cache(b: _Builder, rank: float) -> None:
               "the alternative is an f16 V cache (--cache-type-v f16) at twice the V bytes.")
 
 
+def _metal_wired_limit(b: _Builder, rank: float) -> None:
+    """macOS lets the GPU wire only part of the unified memory (recommendedMaxWorkingSetSize, about 2/3 of RAM up to 36
+    GB, 3/4 above); ``sysctl iogpu.wired_limit_mb`` (macOS 14+) raises it until the next reboot."""
+    b.add(rank, "raise-memory-limit", "Let the GPU use more of the Mac's memory", {},
+          "a larger working set for weights, KV and compute: `sudo sysctl iogpu.wired_limit_mb=<MiB>` (e.g. the RAM "
+          "less 8 GiB for the system; until the next reboot)",
+          "Metal ran out of the working set macOS grants the GPU (recommendedMaxWorkingSetSize, about 2/3 to 3/4 of "
+          "RAM), not of the RAM itself; macOS 14+ raises that limit with iogpu.wired_limit_mb (llama.cpp#1870, "
+          "Ollama#434).")
+
+
 def _reduce_parallel_compute(b: _Builder, rank: float) -> None:
     """Ollama's runner sizes its graph for num_ctx x slots: one slot gives a graph for one request's context."""
     s = b.s
@@ -1596,6 +1607,29 @@ _V_QUANT_NEEDS_FA = re.compile(r"V cache quantization requires flash_attn|quanti
 llama-context.cpp "quantized V cache was requested, but this requires Flash Attention", 2025+)."""
 
 
+_UNKNOWN_ARCH = re.compile(r"unknown model architecture|unknown architecture|model architecture \S+ (?:is )?not supported|"
+                           r"does not (?:yet )?support (?:the )?(?:model )?architecture")
+"""A loader that does not know the model's architecture (llama.cpp llama-model-loader "unknown model architecture:
+'qwen3next'", as LM Studio, Ollama and the bindings relay it): a build that knows it, not a setting."""
+
+
+def unknown_arch(s: Situation) -> bool:
+    """The model's architecture is newer than the engine's build."""
+    return s.phase == "unknown" and bool(_UNKNOWN_ARCH.search(s.final_error or ""))
+
+
+_ARCH_NAME = re.compile(r"architecture:? '?([\w.-]+)'?")
+
+
+def _update_for_arch(b: _Builder, rank: float) -> None:
+    m = _ARCH_NAME.search(b.s.final_error or "")
+    b.add(rank, "bisect-regression", "Use a build that knows the model's architecture", {},
+          f"the engine's build does not know the architecture {m.group(1)!r}" if m
+          else "the engine's build does not know this model's architecture",
+          "Support for a new architecture arrives in a newer release of the engine (and of the programs that bundle "
+          "it: LM Studio's runtime, Ollama, llama-cpp-python): update it, or use a model of a supported architecture.")
+
+
 def v_quant_needs_fa(s: Situation) -> bool:
     """The context was refused because its quantized V cache needs flash attention."""
     return s.phase == "unknown" and bool(_V_QUANT_NEEDS_FA.search(s.final_error or ""))
@@ -1696,6 +1730,13 @@ def budget_names_cache(s: Situation) -> bool:
 def budget_gap_small(s: Situation) -> bool:
     """Ollama's memory check: the model needs at most 1.5x the free memory (a smaller context closes the gap)."""
     return bool(s.requested_mib is not None and s.free_mib and s.requested_mib <= 1.5 * s.free_mib)
+
+
+def budget_gap_tiny(s: Situation) -> bool:
+    """The memory check missed by at most 1 GiB or 5 % of the free memory (Ollama's "requires 59.8 GiB ... available
+    59.8 GiB"): freeing that little (another model, the page cache, a browser) is the smallest change."""
+    return bool(s.requested_mib is not None and s.free_mib
+                and s.requested_mib - s.free_mib <= max(1024.0, 0.05 * s.free_mib))
 
 
 def budget_gap_large(s: Situation) -> bool:
@@ -1929,6 +1970,7 @@ RULES: tuple[Rule, ...] = (
     _r("reduce-ctx", LLAMA, _CB, working_set_small_ctx, 1, _reduce_ctx),
     _r("reduce-gpu-layers", LLAMA, _CB, working_set_big_ctx, 1, _reduce_layers),
     _r("reduce-gpu-layers", LLAMA, _CB, working_set_small_ctx, 0, _reduce_layers),
+    _r("raise-memory-limit", LLAMA, _CB, working_set, 1.5, _metal_wired_limit),
     _r("smaller-model-or-quant", LLAMA, _CB, working_set, 2, _smaller_model),
     _r("reduce-batch", LLAMA, _CB, working_set, 3, _reduce_batch),
     _r("work-around-alloc-limit", LLAMA, _CB, buffer_over_alloc_limit, 0, _alloc_limit),
@@ -1954,12 +1996,14 @@ RULES: tuple[Rule, ...] = (
     _r("smaller-model-or-quant", LLAMA, "memory_budget", budget_gap_small, 1, _smaller_model),
     _r("reduce-ctx", LLAMA, "memory_budget", budget_gap_small, 0, _reduce_ctx),
     _r("reduce-ctx", LLAMA, "memory_budget", budget_gap_large, 1, _reduce_ctx),
+    _r("free-device-memory", LLAMA, "memory_budget", budget_gap_tiny, -0.4, _free_memory),
     _r("free-device-memory", LLAMA, "memory_budget", always, 2, _free_memory),
     _r("raise-ctx", LLAMA, "kv_capacity", request_refused, -1, _raise_ctx),
     _r("reduce-parallel", LLAMA, "kv_capacity", always, 0, _slots_for_full_kv),
     _r("raise-ctx", LLAMA, "kv_capacity", not_request_refused, 0.5, _raise_ctx),
     _r("reduce-batch", LLAMA, "kv_capacity", not_request_refused, 1, _reduce_batch),
     _r("bisect-regression", LLAMA, _UNK, crashed, -1, _bisect_crash),
+    _r("bisect-regression", LLAMA, _UNK, unknown_arch, -1, _update_for_arch),
     _r("enable-flash-attn", LLAMA, _UNK, v_quant_needs_fa, -1, _flash_for_v_cache),
     _r("reduce-ctx", LLAMA, (*_KVC, *_CB), draft_failed, -1.2, _draft_ctx),
     _r("quantize-kv-cache", LLAMA, _KVC, draft_failed, -1.1, _draft_cache),
@@ -2069,7 +2113,7 @@ def suggest_explained(s: Situation, limit: int = 4) -> tuple[list[dict], list[di
     return out, [{"id": d["id"], "rank": b.origin[d["id"]][0], "rule": b.origin[d["id"]][1]} for d in out]
 
 
-NOT_MEMORY_CONDITIONS = (crashed, v_quant_needs_fa)
+NOT_MEMORY_CONDITIONS = (crashed, v_quant_needs_fa, unknown_arch)
 """The conditions of the rows for failures that are not about memory (see :func:`suggest_explained`)."""
 
 

@@ -113,7 +113,7 @@ WRAP_PHRASES = ("out of memory. Tried to allocate", "KV cache is needed", "large
                 "less than desired GPU memory utilization", "more system memory", "Tried to allocate",
                 "increase --mem-fraction-static", "No available memory for the cache blocks",
                 "failed to allocate buffer for kv cache", "failed to allocate buffer for the kv cache",
-                "is longer than the model's context length")
+                "is longer than the model's context length", "your prompt contains at least")
 
 
 WRAP_PAIRS = (("max seq len", "KV cache is needed"), ("max seq len", "maximum number of tokens that can be stored"),
@@ -121,7 +121,7 @@ WRAP_PAIRS = (("max seq len", "KV cache is needed"), ("max seq len", "maximum nu
               ("Tried to allocate", "has a total capacity of"), ("Tried to allocate", "total capacity;"),
               ("model requires more", "than is available"), ("failed to allocate", "buffer of size"),
               ("Buffer overflow when allocating", "bytes available in AlignedAllocator"),
-              ("using device", "MiB free"))
+              ("using device", "MiB free"), ("maximum context length is", "However, you requested"))
 """(start, continuation) of the same messages when the break falls between two phrases."""
 
 
@@ -159,7 +159,10 @@ def _feed_one(f: LogFacts, raw, lineno: int) -> None:
         joined = wrap_join(prev[1], line, adjacent=prev[0] == lineno - 1)
         if joined is not None:
             # the failure layer reads the whole message again from the joined text: its half read alone goes
-            f.events[:] = [e for e in f.events if not (e["kind"] == "oom" and e["lineno"] == prev[0])]
+            # (so does a torch OOM an engine parser read from the first half)
+            f.events[:] = [e for e in f.events if not ((e["kind"] == "oom" or e.get("torch_oom"))
+                                                       and e["lineno"] == prev[0])]
+            f.prev_key = (lineno, joined)  # (a message wrapped over three lines joins its third to the first two)
             _feed_parts(f, joined, lineno)
             return
     _feed_parts(f, line, lineno, present)

@@ -127,6 +127,8 @@ _CONFIG = re.compile(
     r"n_seq_max must be|requires flash_attn|requires Flash Attention|does not support different K|does not divide n_embd_head|"
     r"unknown model architecture|error loading model|GGML_ASSERT|invalid magic|not within the file bounds|"
     r"failed to read|tensor '.*' has|error: invalid argument|unknown argument|"
+    # common/arg.cpp: a flag's value refused ('error while handling argument "--flash-attn": error: unknown value ...')
+    r"error while handling argument \"|"
     r"SPLIT_MODE_TENSOR requires|is not a GGUF file|failed to open|"
     # a backend that could not start, not memory: 2023-24 ggml-metal.m ggml_metal_init's shader library or pipeline
     # ("ggml_metal_init: error: load pipeline error(2, CompilerError)", then "ggml_metal_init() failed"); 2026
@@ -421,9 +423,15 @@ def _breakdown(f: LogFacts, line: str, lineno: int) -> bool:
 
 
 def _offloaded(f: LogFacts, line: str, lineno: int) -> bool:
+    """``load_tensors: offloaded N/M layers to GPU``. Since 2024 llama-model.cpp prints it after the weight buffers were
+    allocated (a refused buffer throws before it; 2023 builds printed it before load_all_data allocated anything): after
+    a refused allocation of the same run it says the load went on with another placement (Ollama moved the output
+    layer to the CPU and retried), so that refusal was recovered."""
     m = _OFFLOADED.search(line)
     if m:
         f.ctx["offloaded_layers"] = f"{m.group(1)}/{m.group(2)}"
+        if any(e["kind"] in ("ggml", "backend") and not e.get("dry_run") for e in f.events):
+            f.add_event("success", lineno, line, what="weights placed after a refused allocation")
     return True
 
 
@@ -489,7 +497,8 @@ def _system_info(f: LogFacts, line: str, lineno: int) -> bool:
 SECTIONS: tuple[Section, ...] = (
     # (llama.cpp's own prefixes: its libraries, the multimodal loader mtmd / clip, llama-server's srv / slot lines)
     Section("engine words", ("llama_", "ggml_", "mtmd_", "clip_model_load", "clip_init", "srv    load_model",
-                             "exiting due to model loading error"), _hint_words),
+                             "exiting due to model loading error", "(env: LLAMA_ARG_", "error while handling argument"),
+            _hint_words),
     Section("model hyperparameters (print_info / llm_load_print_meta)", ("print_info", "llm_load_print_meta"),
             _hparams),
     Section("GGUF key/values (llama_model_loader: - kv)", ("- kv ",), _gguf_kv),
@@ -777,11 +786,19 @@ def _f_ctx_exception(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
     f.final_error = line
 
 
+_CONFIG_OWN = re.compile(r"unknown model architecture|error loading model|n_seq_max must be|is not a GGUF file|"
+                         r"error while handling argument \"|ggml_metal_init|SPLIT_MODE_TENSOR requires")
+"""The refusals of :data:`_CONFIG` in words only llama.cpp prints (its loader, its context, its argument parser): the
+engine too, when nothing else in the log names it (LM Studio's relay of a load error)."""
+
+
 def _f_config(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
     # an assert is read as a refusal, but weakly: when its condition is about memory ("out of free blocks", "not
     # enough space") the failure layer reads the same line as the memory failure it is
     f.add_event("config", lineno, line, what=(m.group(1) if m.re is _CTX_FAIL else line).strip()[-200:],
                 **({"weak": True} if "GGML_ASSERT" in line else {}))
+    if _CONFIG_OWN.search(line):
+        f.engine_hints["llama.cpp"] += 1
     f.add_error(line)
     f.final_error = line
     f.cause_error = line[:2000]

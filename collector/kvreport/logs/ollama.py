@@ -113,6 +113,11 @@ def _inference_compute(f: LogFacts, a: dict, line: str, lineno: int) -> None:
         o["min_cuda_compute"] = min(cc, o.get("min_cuda_compute", cc))
 
 
+_DETECTED = {"Radeon GPU detected": "rocm", "Nvidia GPU detected": "cuda", "Nvidia GPU detected via cudart": "cuda",
+             "Nvidia GPU detected via nvcuda": "cuda"}
+"""Ollama 0.1.2x's GPU discovery lines (gpu/gpu.go) and the library each one means."""
+
+
 def _offload_record(f: LogFacts, a: dict, msg: str, line: str, lineno: int) -> None:
     """Ollama's offload plan (``msg=offload library=cuda layers.offload=44 memory.required.kv=...``): its estimate,
     the library it plans for, the free memory it saw per GPU and the layers it planned on the GPU."""
@@ -151,6 +156,8 @@ def _msg_record(f: LogFacts, line: str, lineno: int) -> bool:
         o.setdefault("gpu_available_mib", []).append(_mib(a.get("available")))
         f.note_line("free:ollama_gpu", lineno, line)
         o["gpu_library"] = a.get("library")
+    elif msg in _DETECTED:  # Ollama 0.1.2x gpu.go: 'msg="Radeon GPU detected"', 'msg="Nvidia GPU detected via cudart"'
+        o.setdefault("gpu_library", _DETECTED[msg])
     elif msg == "system memory":
         o["host_free_mib"] = _mib(a.get("free"))
     elif msg == "starting llama server":

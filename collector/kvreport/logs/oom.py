@@ -658,7 +658,7 @@ RULES: tuple[OomRule, ...] = (
     # -- vLLM's own wordings of that refusal (serving_engine.py, 2025-26): "However, you requested N output tokens and
     #    your prompt contains at least M input tokens, for a total of at least T tokens" (clients and agents relay it:
     #    many public tests quote it verbatim)
-    OomRule("vllm-max-context", ("output tokens and your prompt contains",),
+    OomRule("vllm-max-context", ("output tokens and your prompt contains", "input tokens, for a total of"),
             re.compile(r"maximum context length is (?P<m>\d+) tokens\. However, you requested (?P<new>\d+) output tokens "
                        r"and your prompt contains at least (?P<given>\d+) input tokens"), None,
             "vllm entrypoints/openai serving_engine.py (2025-26)", phase="kv_capacity", engine="vllm",
@@ -730,6 +730,12 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"(?i:kv cache exhausted)|No space left for only one request"), None,
             "engines' KV block pools out of blocks: SGLang schedule_batch.py retract_decode 'No space left for only one "
             "request' (sglang#14948), 'KV cache exhausted: no free blocks'", phase="kv_capacity"),
+    # the block allocator of a paged KV pool, in the words most of them use ("Not enough free blocks: need 21, have 0":
+    # vllm-metal, and the block managers of smaller engines in Python, C++, Go and Rust alike)
+    OomRule("kv-blocks-need-have", ("free blocks: need",),
+            re.compile(r"(?i:not enough free blocks: need (\d+),? (?:have|but only) (\d+))"), None,
+            "paged-KV block allocators' refusal (vllm-metal's paged attention, gi-010; the same words in several "
+            "open-source block managers)", phase="kv_capacity"),
     # -- TensorRT-LLM's KV cache manager: the pool cannot hold one sequence of the maximum length (kvCacheManager.cpp
     #    KVCacheManager: "maxTokensInPagedKvCache (128) must be large enough to process at least 1 sequence to
     #    completion"; TensorRT-LLM#494, tensorrtllm_backend#168)
@@ -1032,6 +1038,9 @@ FATAL = OomRule(
                     "Failed to load the model", "exited before becoming healthy",
                     # ggml_abort / GGML_ABORT: "<path>/ggml-backend.cpp:941: <message>" (ggml.c prints file:line first)
                     ".c:", ".cpp:", ".cu:", ".m:",
+                    # ggml-sycl's handler of a caught sycl::exception ("Exception caught at file:.../ggml-sycl.cpp,
+                    # line:4199", then exit): its memory words are read by sycl-oom, anything else is no memory failure
+                    "Exception caught at file:",
                     # glibc malloc's aborts on a corrupted heap (malloc/malloc.c malloc_printerr)
                     "double free", "free(): ", "malloc(): ", "realloc(): ", "munmap_chunk(): ", "corrupted size",
                     "corrupted double-linked"),
@@ -1046,7 +1055,8 @@ FATAL = OomRule(
                r"VM_L2_PROTECTION_FAULT|backend is in error state|\bCrashLoopBackOff\b|Back-off restarting failed container|"
                r"\bFailed to load the model\b|exited before becoming healthy|"
                r"\bcuBLAS error \d+|"
-               r"illegal memory access|\bhas crashed\b|\(Exit code: -?\d+\)|" + GGML_ABORT_AT + "|" + GLIBC_HEAP_ABORT +
+               r"illegal memory access|\bhas crashed\b|\(Exit code: -?\d+\)|Exception caught at file:|" + GGML_ABORT_AT
+               + "|" + GLIBC_HEAP_ABORT +
                # glibc backtrace_symbols: "/usr/lib/libllama.so(llama_decode+0xc)[0x7f15...]"
                r"|\(\S*\+0x[0-9a-f]+\)\[0x[0-9a-f]+\]"),
     None, "the last line of a failure that is not (or not recognisably) about memory: panics, tracebacks, "
@@ -1332,13 +1342,14 @@ def _attach_call(f: LogFacts, line: str, lineno: int) -> None:
 
 
 def _attach_device(f: LogFacts, line: str, lineno: int) -> None:
-    """``current device: N, in function F at ...`` (the second line of ggml's CUDA error block) -> the device
-    and the function of the ``oom`` event just before it."""
+    """``current device: N, in function F at ...`` (the second line of ggml's CUDA error block; ggml-cann prints the
+    runtime's message and its "Solution:" lines in between) -> the device and the function of the ``oom`` event just
+    before it, at most 4 lines up."""
     m = _CURRENT_DEVICE.search(line)
     if not m:
         return
     for ev in reversed(f.events[-3:]):
-        if ev["kind"] == "oom" and lineno - ev["lineno"] <= 2:
+        if ev["kind"] == "oom" and lineno - ev["lineno"] <= 4:
             ev["device_index"] = int(m.group(1))
             if m.group(2):
                 ev["function"] = m.group(2)
