@@ -226,6 +226,13 @@ EXAMPLES = [
     ("hip-vmm-oom", "/home/<user>/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu:359: HipVMM Failure: out of memory", "rocm",
      "compute_buffer"),
     ("hip-vmm-failure", "ggml/src/ggml-cuda/ggml-cuda.cu:669: HipVMM Failure: invalid argument", "rocm", "unknown"),
+    ("ray-memory-monitor", "Memory on the node (IP: <ip>, ID: 708c) where the task (actor ID: 0dab, "
+                           "name=RayWorkerVllm.__init__, pid=308, memory used=11.15GB) was running was 12.49GB / 13.15GB "
+                           "(0.950003), which exceeds the memory usage threshold of 0.95. Ray killed this worker (ID: "
+                           "79a5) because it was the most recently scheduled task", "cpu", "unknown"),
+    ("vllm-max-tokens-negative", "openai.BadRequestError: Error code: 400 - {'object': 'error', 'message': "
+                                 "'max_tokens must be at least 1, got -186.', 'type': 'BadRequestError'}", None,
+     "kv_capacity"),
     ("kv-blocks-need-have", "RuntimeError: Not enough free blocks: need 21, have 0", None, "kv_capacity"),
     ("opencl-check-other", "ggml_opencl: clGetPlatformIDs(NPLAT, platform_ids, &n_platforms) error -1001 at "
                            "ggml-opencl.cpp:782", "opencl", "unknown"),

@@ -402,6 +402,11 @@ class _Diagnosis:
             out["backend"] = self._backend_guess()
         if out["backend"] == "cuda" and self.f.vllm.get("platform") == "rocm":
             self._rocm_platform(out)
+        if out["phase"] in fixes.MEMORY_PHASES and not out["failing_device"] and out["backend"] not in ("unknown", "cpu"):
+            # the log lists exactly one device of the failing backend ("ggml_vulkan: Found 1 Vulkan devices"): that one
+            own = [n for n in self.f.devices if backend_of_device(n) == out["backend"]]
+            if len(own) == 1:
+                out["failing_device"] = own[0]
         self._recovered_events(real)
         self._truncated_prompt()
         self._free_and_verdict(out)
@@ -1175,7 +1180,15 @@ class _Diagnosis:
         dry = [k for k in self.f.kv_caches if k.get("dry_run")]
         if dry:
             return sum(k["mib"] for k in last_set(dry)), True
-        return None, False
+        # no total line (or one cut short, as pasted): the per-device "<dev> KV buffer size = N MiB" lines of the last
+        # context the engine created (a device seen again starts the next one)
+        bufs = [b for b in self.f.kv_buffers if not b.get("dry_run")]
+        last: list[dict] = []
+        for b in bufs:
+            if any(x["device"] == b["device"] and x.get("section") == b.get("section") for x in last):
+                last = []
+            last.append(b)
+        return (sum(b["mib"] for b in last), False) if last else (None, False)
 
     def memory(self, failure: dict) -> tuple[dict, dict]:
         """The memory section: KV inputs, the KV size (printed, else computed, else the failed buffer), recurrent

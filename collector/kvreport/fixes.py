@@ -1733,10 +1733,10 @@ def budget_gap_small(s: Situation) -> bool:
 
 
 def budget_gap_tiny(s: Situation) -> bool:
-    """The memory check missed by at most 1 GiB or 5 % of the free memory (Ollama's "requires 59.8 GiB ... available
+    """The memory check missed by at most 5 % of the free memory and 1 GiB (Ollama's "requires 59.8 GiB ... available
     59.8 GiB"): freeing that little (another model, the page cache, a browser) is the smallest change."""
     return bool(s.requested_mib is not None and s.free_mib
-                and s.requested_mib - s.free_mib <= max(1024.0, 0.05 * s.free_mib))
+                and s.requested_mib - s.free_mib <= min(1024.0, 0.05 * s.free_mib))
 
 
 def budget_gap_large(s: Situation) -> bool:

@@ -41,6 +41,7 @@ _LIST_DEV = re.compile(r"(?:^|\s|-\s)([A-Za-z_]+\d*)\s*:\s+([^:]+?)\s+\((\d+)\s+
 _CUDA_INIT = re.compile(r"ggml_cuda_init: found (\d+) (CUDA|ROCm|MUSA) devices")
 _CUDA_DEV = re.compile(r"Device (\d+): ([^,]+),.*?(?:VRAM: (\d+) MiB)?\s*$")
 _VK_DEV = re.compile(r"ggml_vulkan: (\d+) = (.+?) \(")
+_VK_DEV_2024 = re.compile(r"(?:^|\s)Vulkan(\d+): (.+?) \| uma: \d")  # mid-2024 ggml_vk_print_gpu_info
 _BUILD = (
     re.compile(r"build(?:_info)?:\s*(?:b)?(\d+)[ -]\(?([0-9a-f]{6,40}|unknown)\)?"),
     re.compile(r"version:\s*(\d+)\s*\(([0-9a-f]{6,40}|unknown)\)"),
@@ -369,7 +370,7 @@ def _device_names(f: LogFacts, line: str, lineno: int) -> bool:
     """Device names from the backends' own start-up lines: Vulkan ``ggml_vulkan: 0 = AMD Radeon ... (driver)``,
     Metal ``ggml_metal_init: GPU name:   Apple M1 Max``, SYCL's device table ``|  0| [level_zero:gpu:0]| Intel(R)
     Arc(TM) A770 Graphics| ... | 16225M|``."""
-    m = _VK_DEV.search(line)
+    m = _VK_DEV.search(line) or _VK_DEV_2024.search(line)
     if m:
         f.set_device(f"Vulkan{m.group(1)}", "vulkan_init", description=m.group(2).strip())
         f.engine_hints["llama.cpp"] += 1
@@ -515,7 +516,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("buffer sizes", ("buffer size",), _buffers),
     Section("free memory per device", ("MiB free",), _device_free),
     Section("SYCL free memory not reported", ("use total memory as free memory",), _sycl_free),
-    Section("device names (Vulkan, Metal, SYCL)", ("ggml_vulkan: ", "GPU name:", "found device:", ":gpu:"),
+    Section("device names (Vulkan, Metal, SYCL)", ("ggml_vulkan: ", "GPU name:", "found device:", ":gpu:", "| uma: "),
             _device_names),
     Section("llamafile GPU support", ("GPU support successfully loaded",), _llamafile_gpu),
     Section("system_info (2023-24 format)", ("system_info: n_threads",), _system_info),

@@ -40,13 +40,14 @@ def _mib(text: str | None) -> float | None:
     return size_to_mib(float(m.group(1)), m.group(2)) if m else None
 
 
+_GO_SOURCE = re.compile(r"\blevel=(?:INFO|WARN|ERROR|DEBUG) source=\w+\.go:\d+")
 _UNIT = re.compile(r"\bollama\[\d+\]: ")
 """journald's prefix of the Ollama unit's lines ("Jan 28 10:14:55 host ollama[2231]: ...")."""
 
 
 def _hints(f: LogFacts, line: str, lineno: int) -> bool:
-    if "level=" in line and "source=" in line and "msg=" in line:
-        f.engine_hints["ollama"] += 3
+    if "level=" in line and "source=" in line and ("msg=" in line or _GO_SOURCE.search(line)):
+        f.engine_hints["ollama"] += 3  # (Go's slog record; "source=llama_server.go:611" alone when a paste split it)
     # "llama runner process has terminated" (2024-25) and "llama-server process has terminated" (2026,
     # llm/llama_server.go): Ollama's words for its runner subprocess
     if "llama runner" in line or "llama-server process" in line or "OLLAMA_" in line or _WORD.search(line):
@@ -287,7 +288,7 @@ def _started(f: LogFacts, line: str, lineno: int) -> bool:
 
 SECTIONS: tuple[tuple[str, tuple[str, ...], Callable[[LogFacts, str, int], bool]], ...] = (
     ("engine hints and version", ("msg=", "Listening on", "ollama", "Ollama", "llama runner", "llama-server process",
-                                  "OLLAMA_", "runner.go", "version"), _hints),
+                                  "OLLAMA_", "runner.go", "version", ".go:"), _hints),
     ("load request (KvSize, Parallel, KvCacheType)", ("KvSize",), _load_request),
     ("structured records (msg=...)", ("msg=",), _msg_record),
     ("memory layout refused", ("memory layout cannot be allocated",), _layout),

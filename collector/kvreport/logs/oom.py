@@ -511,9 +511,14 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"paging file is too small|\(os error 1455\)"), "cpu", "Windows ERROR_COMMITMENT_LIMIT (1455)"),
     # -- Ray's memory monitor kills a worker when the node's RAM passes its threshold (vllm#15102, #2669): "Task was
     #    killed due to the node running low on memory", the raylet's "killed due to memory pressure (OOM)"
-    OomRule("ray-memory-monitor", ("running low on memory", "killed due to memory pressure"),
-            re.compile(r"killed due to the node running low on memory|killed due to memory pressure \(OOM\)"), "cpu",
-            "Ray memory monitor (ray.exceptions.OutOfMemoryError; raylet node_manager)"),
+    OomRule("ray-memory-monitor", ("running low on memory", "killed due to memory pressure",
+                                   "exceeds the memory usage threshold", "how to address the out of memory issue"),
+            re.compile(r"killed due to the node running low on memory|killed due to memory pressure \(OOM\)|"
+                       r"which exceeds the memory usage threshold of [\d.]+\. Ray killed|"
+                       r"docs\.ray\.io/\S*ray-oom-prevention"), "cpu",
+            "Ray memory monitor (ray.exceptions.OutOfMemoryError; raylet node_manager: 'Memory on the node ... was "
+            "12.49GB / 13.15GB (0.95), which exceeds the memory usage threshold of 0.95. Ray killed this worker', then "
+            "its advice line with the ray-oom-prevention link)"),
     OomRule("oom-killer", ("Out of memory: Kill", "oom-kill", "oom_kill", "OOMKilled", "signal: killed", "OOM killer",
                            "exit status 137", "exit code 137", "Killed", "killed", "SIGKILL", "lowmemorykiller: Kill"),
             re.compile(r"Out of memory: Kill(?:ed)? process|oom[-_]kill|OOMKilled|killed by the OOM killer|signal: killed|"
@@ -636,6 +641,12 @@ RULES: tuple[OomRule, ...] = (
     # -- a request longer than the context (or the model's maximum length) refused before any memory is asked for,
     #    in each engine's words: the context / KV pool is too small for the request (phase kv_capacity, as llama-server's
     #    exceed_context_size_error above). request_tokens / limit_tokens are tokens.
+    # vLLM's SamplingParams check when the server computed max_tokens as max_model_len - prompt tokens and the prompt is
+    #    longer than the context ("max_tokens must be at least 1, got -186": vllm#4667; sampling_params.py _verify_args)
+    OomRule("vllm-max-tokens-negative", ("max_tokens must be at least 1, got -",),
+            re.compile(r"max_tokens must be at least 1, got -(?P<over>\d+)"), None,
+            "vllm sampling_params.py _verify_args with the OpenAI server's max_tokens = max_model_len - prompt tokens",
+            phase="kv_capacity", engine="vllm"),
     OomRule("vllm-prompt-too-long", ("is too long and exceeds limit of", "longer than the maximum model length",
                                      "exceeds the capacity of block_manager"),
             re.compile(r"Input prompt \((?P<n>\d+) tokens\) is too long and exceeds limit of (?P<m>\d+)|"
@@ -960,7 +971,10 @@ STAGES = (
       "Application startup complete", "Uvicorn running on",
       # vLLM V1's engine core and workers serving requests (v1/engine/core.py run_busy_loop, multiproc_executor.py
       # worker_busy_loop)
-      "run_busy_loop", "worker_busy_loop"),
+      "run_busy_loop", "worker_busy_loop",
+      # the sampler's logits and logprobs of a step (vLLM model_executor/layers/sampler.py get_logprobs, logits
+      # processor compute_logits): activations of that step
+      ", in get_logprobs", ", in compute_logits", "/layers/sampler.py"),
      "compute_buffer"),
 )
 """Python engines' start-up steps (traceback frames and log words) -> the phase of an OOM raised inside them."""
@@ -992,6 +1006,9 @@ ENGINE_WORDS = (("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"), ("TurboMind
                 # LMDeploy's own name for its context ("total sequence length (A + B) exceeds `session_len` (N),
                 # `max_new_tokens` is truncated to M": lmdeploy/serve/async_engine.py)
                 ("exceeds `session_len`", "lmdeploy"),
+                # llama-cpp-python's exception when llama.cpp's loader returned NULL (llama_cpp/_internals.py LlamaModel:
+                # "ValueError: Failed to load model from file: <path>")
+                ("Failed to load model from file: ", "llama.cpp"),
                 # ggml's own names in upper case and its C sources (GGML_ASSERT, "GGML backend", ggml.c, ggml-alloc.c)
                 ("GGML", "llama.cpp"), ("ggml.c", "llama.cpp"), ("common_fit_params", "llama.cpp"),
                 ("common_params_fit", "llama.cpp"),
@@ -1041,6 +1058,8 @@ FATAL = OomRule(
                     # ggml-sycl's handler of a caught sycl::exception ("Exception caught at file:.../ggml-sycl.cpp,
                     # line:4199", then exit): its memory words are read by sycl-oom, anything else is no memory failure
                     "Exception caught at file:",
+                    # Ollama's scheduler gave up on a runner that did not come up in OLLAMA_LOAD_TIMEOUT (llm/server.go)
+                    "timed out waiting for llama runner to start",
                     # glibc malloc's aborts on a corrupted heap (malloc/malloc.c malloc_printerr)
                     "double free", "free(): ", "malloc(): ", "realloc(): ", "munmap_chunk(): ", "corrupted size",
                     "corrupted double-linked"),
@@ -1055,7 +1074,8 @@ FATAL = OomRule(
                r"VM_L2_PROTECTION_FAULT|backend is in error state|\bCrashLoopBackOff\b|Back-off restarting failed container|"
                r"\bFailed to load the model\b|exited before becoming healthy|"
                r"\bcuBLAS error \d+|"
-               r"illegal memory access|\bhas crashed\b|\(Exit code: -?\d+\)|Exception caught at file:|" + GGML_ABORT_AT
+               r"illegal memory access|\bhas crashed\b|\(Exit code: -?\d+\)|Exception caught at file:|"
+               r"timed out waiting for llama runner to start|" + GGML_ABORT_AT
                + "|" + GLIBC_HEAP_ABORT +
                # glibc backtrace_symbols: "/usr/lib/libllama.so(llama_decode+0xc)[0x7f15...]"
                r"|\(\S*\+0x[0-9a-f]+\)\[0x[0-9a-f]+\]"),
@@ -1070,7 +1090,14 @@ CRASH = re.compile(GGML_ABORT_AT + "|" + GLIBC_HEAP_ABORT + r"|GGML_ASSERT|ggml_
                    r"\bAssertionError\b|static_assert failed|ggml_new_object: not enough space|"
                    # Go's runtime on a fault in cgo code ("unexpected fault address", "fatal error: fault"), which
                    # Ollama relays as "llama runner process has terminated: error:fault"
-                   r"unexpected fault address|\berror: ?fault\b|" + _WINDOWS_CRASH_RX)
+                   r"unexpected fault address|\berror: ?fault\b|"
+                   # a GPU build without kernels for this GPU, or a kernel that died (ggml-cuda's error block: "CUDA
+                   # error: no kernel image is available for execution on the device", "invalid device function",
+                   # "unspecified launch failure"; mmq.cuh "has no device code compatible with CUDA arch 700")
+                   r"no kernel image is available|no device code compatible with|invalid device function|"
+                   r"unspecified launch failure|compiled without support for the current GPU|"
+                   # a broken install or build: the runner's binary does not link
+                   r"undefined symbol: |error while loading shared libraries|" + _WINDOWS_CRASH_RX)
 """The :data:`FATAL` lines that are a crash: an assert, a fatal signal, a lost device -- the engine's own bug or the
 driver's, not the configuration (kvreport.fixes.crashed)."""
 
@@ -1122,7 +1149,7 @@ def prose_not_failure(line: str) -> bool:
     return any(w in line for w in _PROSE_GATE) and bool(_PROSE_NOT_FAILURE.search(line))
 
 
-REQUEST_RULES = ("vllm-prompt-too-long", "openai-max-context", "sglang-input-too-long", "tgi-input-validation",
+REQUEST_RULES = ("vllm-prompt-too-long", "vllm-max-tokens-negative", "openai-max-context", "sglang-input-too-long", "tgi-input-validation",
                  "ollama-input-too-long", "lmstudio-context-overflow", "llamacpp-prompt-too-long",
                  "llama-server-exceed-context", "exllama-seq-exceeds-cache", "llama-rn-context-full",
                  "ollama-prompt-too-long", "input-length-context", "input-exceeds-max-context", "ort-genai-max-length",
@@ -1354,3 +1381,8 @@ def _attach_device(f: LogFacts, line: str, lineno: int) -> None:
             if m.group(2):
                 ev["function"] = m.group(2)
             return
+    if m.group(2) and " at " in line:
+        # the block's first line ("CUDA error: <reason>") is not in the log (a paste that kept only this one): the
+        # block still says the backend failed in that function, a failure whose reason is not known
+        f.add_event("oom", lineno, line, rule=FATAL.id, backend=backend_of_words(line.lower()), phase=None, engine=None,
+                    generic=True, memory=False, device_index=int(m.group(1)), function=m.group(2))
