@@ -520,8 +520,12 @@ RULES: tuple[OomRule, ...] = (
             "12.49GB / 13.15GB (0.95), which exceeds the memory usage threshold of 0.95. Ray killed this worker', then "
             "its advice line with the ray-oom-prevention link)"),
     OomRule("oom-killer", ("Out of memory: Kill", "oom-kill", "oom_kill", "OOMKilled", "signal: killed", "OOM killer",
-                           "exit status 137", "exit code 137", "Killed", "killed", "SIGKILL", "lowmemorykiller: Kill"),
+                           "exit status 137", "exit code 137", "Killed", "killed", "SIGKILL", "lowmemorykiller: Kill",
+                           "Tasks state (memory values in pages)"),
             re.compile(r"Out of memory: Kill(?:ed)? process|oom[-_]kill|OOMKilled|killed by the OOM killer|signal: killed|"
+                       # the task table the OOM killer dumps before it kills (mm/oom_kill.c dump_tasks), when a paste kept
+                       # the dump but not the verdict line
+                       r"Tasks state \(memory values in pages\):|"
                        # Android's low-memory killer (lmkd / lowmemorykiller: "Kill 'com.app' (18770), uid ..., to free
                        # 9871232kB rss ... reason: device is low on swap"), as logcat prints it
                        r"lowmemorykiller: Kill '|"
@@ -912,8 +916,11 @@ RULES: tuple[OomRule, ...] = (
                              "could not allocate", "Could not allocate", "allocation failed", "Allocation failed",
                              "memory allocation", "Memory allocation", "more system memory", "requires more memory",
                              "memory object", "Malloc failed", "GPU resources", "sufficient memory", "not fit in",
-                             "OOM", "oom"),
+                             "OOM", "oom", "memory limit exceeded", "Memory limit exceeded", "memory limit exceeds"),
             re.compile(r"(?i:out[ _-]?of[ _-]?memory|insufficient[ _]memory|not enough (?:\w+ )?memory|"
+                       # a guard's own limit ("Request aborted: process memory limit exceeded (usage 26.7 GB ...)",
+                       # oMLX; "Memory limit exceeded during prefill")
+                       r"memory limit exceed(?:ed|s)\b|"
                        r"(?:could not|failed to|unable to) create (?:a )?memory object|"
                        r"(?:failed|unable|could not|cannot) to allocate|(?:memory )?allocation failed|"
                        r"memory allocation (?:of \d+ bytes )?failed|requires more (?:system )?memory|"

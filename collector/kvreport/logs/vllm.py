@@ -177,8 +177,8 @@ def _failure(f: LogFacts, line: str, lineno: int) -> bool:
         _v1_capacity(f, m, line, lineno)
         return True
     if _NO_MEM.search(line) or "Cannot auto-fit max_model_len" in line:
-        if '"No available memory' in line or "raise ValueError(" in line:
-            return True  # the source line of the raise in a traceback, not the error itself
+        if ('"No available memory' in line or "raise ValueError(" in line) and "ValueError: No available" not in line:
+            return True  # the source line of the raise in a traceback, not the error itself (unless a paste glued both)
         if _NO_MEM.search(line):
             # vLLM raises this when the profiled budget leaves nothing (V0: "# GPU blocks: 0") for the KV cache
             v.setdefault("available_kv_mib", 0.0)
