@@ -233,6 +233,22 @@ EXAMPLES = [
     ("vllm-max-tokens-negative", "openai.BadRequestError: Error code: 400 - {'object': 'error', 'message': "
                                  "'max_tokens must be at least 1, got -186.', 'type': 'BadRequestError'}", None,
      "kv_capacity"),
+    # (vLLM 0.33 cpu_worker.py, 0.6.6 config.py / scheduler.py; Ollama 0.13 llm/server.go, 0.30 x/imagegen: the source
+    # audit of 2026-12-02)
+    ("vllm-cpu-kv-budget", "ValueError: Available memory on node 0 (12.5/62.7 GiB) on kv cache allocation is less than "
+                           "requested memory for kv (40.0/56.43 GiB). Reduce CPU memory used by other processes.", "cpu",
+     "memory_budget"),
+    ("vllm-cpu-no-kv", "ValueError: The worker already uses 30.12 GiB (model weights and runtime), more than the 28.22 GiB "
+                       "of CPU memory reserved for it on node 0, leaving none for the KV cache.", "cpu", "kv_capacity"),
+    ("vllm-swap-space", "ValueError: Too large swap space. 48.00 GiB out of the 62.70 GiB total CPU memory is allocated "
+                        "for the swap space.", "cpu", "memory_budget"),
+    ("vllm-swap-exhausted", "RuntimeError: Aborted due to the lack of CPU swap space. Please increase the swap space to "
+                            "avoid this error.", None, "kv_capacity"),
+    ("ollama-commit-failed", 'time=2025-12-03T22:01:47.560+01:00 level=INFO source=sched.go:470 msg="Load failed" '
+                             'model=/root/.ollama/models/blobs/sha256-aeda error="failed to commit memory for model"',
+     None, "unknown"),
+    ("ollama-imagegen-memory", "Error: 500 Internal Server Error: insufficient memory for image generation: need 24 GB, "
+                               "have 16 GB", None, "memory_budget"),
     ("kv-blocks-need-have", "RuntimeError: Not enough free blocks: need 21, have 0", None, "kv_capacity"),
     ("opencl-check-other", "ggml_opencl: clGetPlatformIDs(NPLAT, platform_ids, &n_platforms) error -1001 at "
                            "ggml-opencl.cpp:782", "opencl", "unknown"),

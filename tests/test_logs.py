@@ -524,3 +524,33 @@ def test_crash_words_of_ggml_glibc_and_go_are_crashes():
         d = analyze_text(line + "\n")
         assert d["failure"]["phase"] == "unknown", line
         assert [s["id"] for s in d["suggestions"]] == ["bisect-regression"], line
+
+
+def test_ollama_escaped_newlines_in_an_error_attribute_are_lines():
+    line = ('time=2024-11-30T09:22:41.377Z level=ERROR source=sched.go:455 msg="error loading llama server" '
+            'error="llama runner process no longer running: -1 CUDA error: out of memory\\n  current device: 0, in '
+            'function alloc at /go/src/github.com/ollama/ollama/llama/ggml-cuda.cu:375\\n  cuMemCreate(&handle, '
+            'reserve_size, &prop, 0)"\n')
+    f = analyze_text(line)["failure"]
+    assert (f["phase"], f["backend"], f["failing_device"]) == ("compute_buffer", "cuda", "CUDA0")
+
+
+def test_a_memory_error_that_names_its_own_way_out_is_a_warning():
+    ok = analyze_text("llama_context:      SYCL0 compute buffer size =   560.00 MiB\n"
+                      "reorder_qw_q4_0: failed to allocate 268435456 bytes for reorder temp buffer, skipping reorder\n")
+    assert ok["failure"]["phase"] == "none"
+
+
+def test_an_allocation_refused_while_serving_is_the_compute_scratch():
+    d = analyze_text("llama_new_context_with_model: kv self size  = 4096.00 MB\nall slots are idle and system prompt is "
+                     "empty, clear the KV cache\nslot 0 is processing [task id: 0]\n"
+                     "CUDA error 2 at /home/user/llama.cpp/ggml-cuda.cu:7183: out of memory\ncurrent device: 0\n")
+    assert d["failure"]["phase"] == "compute_buffer"
+
+
+def test_a_pinned_refusal_is_the_backend_that_printed_it():
+    for line, backend in (("ggml_cann_host_malloc: failed to allocate 2048.00 MiB of pinned memory: EL0004", "cann"),
+                          ("WARNING: failed to allocate 1024.00 MB of pinned memory: syclGetErrorString is not supported",
+                           "sycl")):
+        d = analyze_text(line + "\nload_tensors: offloaded 33/33 layers to GPU\n")
+        assert (d["failure"]["phase"], d["failure"]["backend"]) == ("none", backend), line

@@ -228,7 +228,9 @@ class _Group:
         # only the backend's own line (ggml-cuda's "allocating N MiB on device D: cudaMalloc failed"): llama.cpp's
         # stage when it came places it — still loading the weights, or creating the context (which buffer unknown)
         stage = next((e.get("stage") for e in self.events if e["kind"] == "backend" and e.get("stage")), None)
-        return {"weights": "model_weights", "context": "context", "kv": "kv_cache"}.get(stage or "", "unknown")
+        # (once the server serves, the weights and the KV were allocated at load: what fails is the graph's scratch)
+        return {"weights": "model_weights", "context": "context", "kv": "kv_cache",
+                "serving": "compute_buffer"}.get(stage or "", "unknown")
 
     def ggml(self) -> dict | None:
         for e in self.events:
@@ -335,7 +337,7 @@ class _Diagnosis:
             # on its only pinned refusal does not show that the engine carried on
             last = max(e["lineno"] for e in (*g.events, *g.reasons))  # a group may hold only a reason line
             went_on = g.ok_after or g.success_after or i + 1 < len(groups) or pinned_fell_back or \
-                any(e.get("fell_back") for e in g.events) or \
+                any(e.get("fell_back") for e in g.events) or (f.prev_key is not None and f.prev_key[0] > last) or \
                 any(e["lineno"] > last for e in f.events if e["kind"] in ("alloc_ok", "success"))
             pinned_fell_back = pinned_fell_back or (g.only_pinned and went_on)
             recovered = (g.only_pinned and went_on) or (g.retried and not later_fatal) or g.success_after
@@ -558,6 +560,13 @@ class _Diagnosis:
                 return named
         if phase == "unknown" and primary.reasons:
             return "context"
+        if phase == "context" and not first.reasons and primary.events:
+            # a lone backend refusal after the context printed its compute buffers: every buffer of the context was
+            # allocated, so this is the running graph's scratch memory (ggml-sycl's pool, ggml-vulkan's preallocation)
+            at = primary.events[0]["lineno"]
+            if any(b.get("kind") == "compute" and not b.get("dry_run") and (b.get("lineno") or at) < at
+                   for b in self.f.buffers):
+                return "compute_buffer"
         if phase == "unknown" and primary.events and self._load_failed_after(primary.events[0]["lineno"]):
             return "model_weights"
         return phase
@@ -635,9 +644,9 @@ class _Diagnosis:
         # llama.cpp's own stage when the error came: still loading the weights, or creating the context; once the
         # context printed its compute buffer sizes every buffer of it was allocated, and what fails next is the
         # graph's run (its scratch pools): the compute buffer
-        if ev.get("stage") in ("context", "serving") and any("compute" in str(b.get("kind")) and not b.get("dry_run")
-                                                for b in self.f.buffers or []):
-            return "compute_buffer"
+        if ev.get("stage") == "serving" or (ev.get("stage") == "context" and any(
+                "compute" in str(b.get("kind")) and not b.get("dry_run") for b in self.f.buffers or [])):
+            return "compute_buffer"  # (serving: the weights and the KV were allocated at load)
         phase = {"weights": "model_weights", "context": "context", "kv": "kv_cache"}.get(
             ev.get("stage") or "", ev.get("fallback_phase") or "unknown")
         return "model_weights" if phase == "unknown" and self._load_failed_after(ev["lineno"]) else phase

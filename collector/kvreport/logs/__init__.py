@@ -172,6 +172,10 @@ def _feed_parts(f: LogFacts, line: str, lineno: int, present: frozenset[str] | N
     """Hand ``line`` (or each message glued into it) to the parsers whose keywords it holds; ``present``: the
     keywords of ``line`` when the caller found them already."""
     parts = _JOINED.split(line) if "  " in line and len(line) > 40 else [line]
+    if "\\n" in line and ('error="' in line or 'err="' in line):
+        # Go's slog quotes an attribute with its newlines escaped (Ollama: error="llama runner process no longer
+        # running: -1 CUDA error: out of memory\n  current device: 0, in function alloc at ..."): its lines, one by one
+        parts = [q for part in parts for q in part.split("\\n")]
     if "alloc" in line:
         parts = [q for part in parts for q in _GLUED.split(part)]
     for part in parts:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from kvreport.logs.common import MIB, KeywordSet, to_float, to_int
 from kvreport.logs.facts import LogFacts
+from kvreport.vocab import backend_of_device
 
 _PRINT_INFO = re.compile(r"(?<!\w)(?:print_info|llm_load_print_meta):\s+(.+?)\s*=\s?(.*?)\s*$")
 _OLD_HPARAM_KEYS = {"model ftype": "file type", "model size": "file size", "format": "file format",
@@ -326,7 +327,8 @@ def _buffers(f: LogFacts, line: str, lineno: int) -> bool:
     if m:
         dev, kind, mib = m.group(2), m.group(3), float(m.group(4))
         _note_device_name(f, dev)
-        f.buffers.append({"fn": m.group(1), "device": dev, "kind": kind, "mib": mib, "dry_run": f.in_fit})
+        f.buffers.append({"fn": m.group(1), "device": dev, "kind": kind, "mib": mib, "dry_run": f.in_fit,
+                          "lineno": lineno})
         if kind == "KV":
             f.kv_buffers.append({"device": dev, "mib": mib, "dry_run": f.in_fit, "section": f.kv_section})
         if not f.in_fit:
@@ -652,8 +654,30 @@ _SAYS_FELL_BACK = re.compile(r"\b(?:fall(?:ing)?[ -]?back|fallback|using (?:page
 using pageable cached fallback"): the engine carried on whatever follows."""
 
 
+_PINNED_OWNER = (("cann", "cann", "CANN"), ("sycl", "sycl", "SYCL"), ("vulkan", "vulkan", "Vulkan"),
+                 ("cuda", "cuda", None))
+"""Whose pinned host memory a refusal was: the backend word of the line ("ggml_cann_host_malloc"), else the one GPU
+backend the log has shown devices of (2023 ggml-cuda, ggml-vulkan and ggml-sycl all print the bare "WARNING: failed
+to allocate N MB of pinned memory"), else CUDA's: (word, backend, device-name prefix)."""
+
+
+def _pinned_backend(f: LogFacts, line: str) -> tuple[str, str]:
+    low = line.lower()
+    for word, backend, prefix in _PINNED_OWNER:
+        if word in low:
+            return backend, f"{prefix or f.cuda_name or 'CUDA'}_Host"
+    seen = {backend_of_device(n) for n in f.devices} - {None, "cpu"}
+    if len(seen) == 1:
+        b = seen.pop()
+        prefix = next((p for _w, be, p in _PINNED_OWNER if be == b), None)
+        if prefix or b == "cuda":
+            return b, f"{prefix or f.cuda_name or 'CUDA'}_Host"
+    return "cuda", f"{f.cuda_name or 'CUDA'}_Host"
+
+
 def _f_pinned(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
-    f.add_event("pinned", lineno, line, backend="cuda", device=f"{f.cuda_name or 'CUDA'}_Host",
+    backend, device = _pinned_backend(f, line)
+    f.add_event("pinned", lineno, line, backend=backend, device=device,
                 mib=float(m.group(1).replace(",", ".")), error=(m.group(2) or "").strip(),
                 fell_back=bool(_SAYS_FELL_BACK.search(m.group(2) or "")))
     f.engine_hints["llama.cpp"] += 1  # ggml-cuda's ggml_cuda_host_malloc

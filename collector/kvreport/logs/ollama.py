@@ -34,10 +34,14 @@ def _attrs(line: str) -> dict:
 
 
 def _mib(text: str | None) -> float | None:
+    """A size as Ollama logs it: "9.3 GiB" (HumanBytes), or a bare number of bytes (0.2.2-0.11's
+    ``available=9985720320`` in "model request too large for system")."""
     if not text:
         return None
     m = _SIZE.search(text)
-    return size_to_mib(float(m.group(1)), m.group(2)) if m else None
+    if m:
+        return size_to_mib(float(m.group(1)), m.group(2))
+    return int(text) / 1048576.0 if text.isdigit() and len(text) > 6 else None
 
 
 _GO_SOURCE = re.compile(r"\blevel=(?:INFO|WARN|ERROR|DEBUG) source=\w+\.go:\d+")

@@ -140,10 +140,10 @@ def _need_have(m: re.Match) -> dict:
 def _tokens(m: re.Match) -> dict:
     """A refused request's size and the limit it met, in tokens (the groups ``n``/``n2``/``n3`` and ``m``/``m2``)."""
     d = m.groupdict()
-    n = next((d[k] for k in ("n", "n2", "n3", "n4") if d.get(k)), None)
+    n = next((d[k] for k in ("n", "n2", "n3", "n4", "n5") if d.get(k)), None)
     if n is None and d.get("given") and d.get("new"):  # TGI: the prompt and max_new_tokens both count
         n = str(int(d["given"]) + int(d["new"]))
-    lim = next((d[k] for k in ("m", "m2") if d.get(k)), None)
+    lim = next((d[k] for k in ("m", "m2", "m3") if d.get(k)), None)
     return {**({"request_tokens": int(n)} if n else {}), **({"limit_tokens": int(lim)} if lim else {})}
 
 
@@ -359,9 +359,11 @@ RULES: tuple[OomRule, ...] = (
     # -- torch (vLLM, SGLang, TGI, LMDeploy's PyTorch engine): torch/csrc/.../CUDACachingAllocator.cpp
     # -- vLLM gpu_model_runner._dummy_sampler_run (V1): "CUDA out of memory occurred when warming up sampler with N
     #    dummy requests. Please try lowering `max_num_seqs` or `gpu_memory_utilization`"
-    OomRule("vllm-sampler-warmup", ("when warming up sampler",),
-            re.compile(r"out of memory occurred when warming up sampler(?: with (\d+) dummy requests)?"), "cuda",
-            "vllm/v1/worker/gpu_model_runner.py _dummy_sampler_run", phase="compute_buffer", engine="vllm",
+    OomRule("vllm-sampler-warmup", ("when warming up sampler", "when warming up pooler"),
+            re.compile(r"out of memory occurred when warming up (?:sampler|pooler)(?: \([^)]*\))?"
+                       r"(?: with (\d+) dummy requests)?"), "cuda",
+            "vllm/v1/worker/gpu_model_runner.py _dummy_sampler_run / _dummy_pooler_run ('... when warming up pooler "
+            "(task='embed') with 256 dummy requests')", phase="compute_buffer", engine="vllm",
             read=lambda m: {"running_seqs": int(m.group(1))} if m.group(1) else {}),
     OomRule("torch-oom", ("out of memory. Tried to allocate", "has a total capac", "backend out of memory"),
             _TORCH_RX, None, "torch CUDACachingAllocator OutOfMemoryError message (all torch 2.x)",
@@ -591,6 +593,12 @@ RULES: tuple[OomRule, ...] = (
     OomRule("turbomind-admission", ("no request can be admitted",),
             re.compile(r"cache out of memory, no request can be admitted"), None,
             "lmdeploy src/turbomind/engine/engine.cc (TM_LOG_WARN)", engine="lmdeploy", phase="kv_capacity"),
+    # -- Ollama's MLX image-generation runner (x/imagegen/imagegen.go, 0.30+): its own memory check, "insufficient memory
+    #    for image generation: need 24 GB, have 16 GB" (bytes / 1024^3, so GiB)
+    OomRule("ollama-imagegen-memory", ("insufficient memory for image generation",),
+            re.compile(r"insufficient memory for image generation: need (?P<need>\d+) GB, have (?P<have>\d+) GB"), None,
+            "ollama x/imagegen/imagegen.go CheckMemory", phase="memory_budget", engine="ollama",
+            read=lambda m: {"mib": int(m.group("need")) * 1024.0, "free_mib": int(m.group("have")) * 1024.0}),
     OomRule("need-have", ("need",),
             re.compile(r"(?i:(?P<kv>kv[ -]?cache\b)?.{0,60}?(?:oom|out of memory|not enough|insufficient|too (?:large|big)|"
                        r"does ?n[o']t fit|fail\w*)\b.{0,60}?\bneed(?:s|ed)?\W{0,3}(?P<need>[\d.]+)\s*(?P<nu>[KMGT]i?B)"
@@ -651,12 +659,38 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"max_tokens must be at least 1, got -(?P<over>\d+)"), None,
             "vllm sampling_params.py _verify_args with the OpenAI server's max_tokens = max_model_len - prompt tokens",
             phase="kv_capacity", engine="vllm"),
+    # vLLM's CPU backend (v1/worker/cpu_worker.py determine_available_memory, 2026): the RAM of the NUMA node against the
+    #    KV reservation, and the worker's own use above its reserved share ("leaving none for the KV cache")
+    OomRule("vllm-cpu-kv-budget", ("on kv cache allocation is less than requested memory for kv",),
+            re.compile(r"Available memory on node \d+ \((?P<free>[\d.]+)/[\d.]+ GiB\) on kv cache allocation is less than "
+                       r"requested memory for kv \((?P<req>[\d.]+)/[\d.]+ GiB\)"), "cpu",
+            "vllm/v1/worker/cpu_worker.py determine_available_memory", phase="memory_budget", engine="vllm",
+            read=lambda m: {"mib": float(m.group("req")) * 1024.0, "free_mib": float(m.group("free")) * 1024.0}),
+    OomRule("vllm-cpu-no-kv", ("leaving none for the KV cache",),
+            re.compile(r"GiB of CPU memory reserved for it on node \d+, leaving none for the KV cache"), "cpu",
+            "vllm/v1/worker/cpu_worker.py (the CPU backend's --gpu-memory-utilization is a share of RAM)",
+            phase="kv_capacity", engine="vllm"),
+    # vLLM V0's CPU swap space for preempted KV blocks (config.py verify_with_parallel_config "Too large swap space. N GiB
+    #    out of the M GiB total CPU memory is allocated for the swap space."; scheduler.py _preempt_by_swap "Aborted due to
+    #    the lack of CPU swap space")
+    OomRule("vllm-swap-space", ("Too large swap space",),
+            re.compile(r"ValueError: Too large swap space\. (?P<req>[\d.]+) GiB out of the (?P<tot>[\d.]+) GiB total CPU"),
+            "cpu", "vllm/config.py CacheConfig.verify_with_parallel_config (V0)", phase="memory_budget", engine="vllm",
+            read=lambda m: {"mib": float(m.group("req")) * 1024.0}),
+    OomRule("vllm-swap-exhausted", ("lack of CPU swap space",),
+            re.compile(r"Aborted due to the lack of CPU swap space"), None,
+            "vllm/core/scheduler.py _preempt_by_swap (V0): the KV blocks of preempted requests found no swap room",
+            phase="kv_capacity", engine="vllm"),
     OomRule("vllm-prompt-too-long", ("is too long and exceeds limit of", "longer than the maximum model length",
-                                     "exceeds the capacity of block_manager"),
-            re.compile(r"Input prompt \((?P<n>\d+) tokens\) is too long and exceeds limit of (?P<m>\d+)|"
+                                     "exceeds the capacity of block_manager", "exceeds the max_model_len"),
+            re.compile(r"Input prompt \((?P<n>\d+) tokens\)(?: \+ lookahead slots \(\d+\))? is too long and exceeds "
+                       r"limit of (?P<m>\d+)|"
                        # (V0's scheduler when the KV pool itself cannot ever hold the prompt: "Input prompt (N tokens)
-                       # is too long and exceeds the capacity of block_manager", the request ignored)
-                       r"Input prompt \((?P<n4>\d+) tokens\) is too long and exceeds the capacity of block_manager|"
+                       # [+ lookahead slots (L)] is too long and exceeds the capacity of block_manager", ignored)
+                       r"Input prompt \((?P<n4>\d+) tokens\)(?: \+ lookahead slots \(\d+\))? is too long and exceeds the "
+                       r"capacity of block_manager|"
+                       # (the Responses API, 2026: "The engine prompt length N exceeds the max_model_len M")
+                       r"prompt length (?P<n5>\d+) exceeds the max_model_len (?P<m3>\d+)|"
                        r"(?:decoder prompt \(length (?P<n2>\d+)\)|Prompt length of (?P<n3>\d+)) is longer than the "
                        r"maximum model length of (?P<m2>\d+)"), None,
             "vllm core/scheduler.py (V0: 'Input prompt (N tokens) is too long and exceeds limit of M', the request is "
@@ -666,7 +700,8 @@ RULES: tuple[OomRule, ...] = (
     OomRule("openai-max-context", ("maximum context length is",),
             re.compile(r"maximum context length is (?P<m>\d+) tokens(?:\. However, you requested (?P<n>\d+) tokens|\. "
                        r"However, your request has (?P<n2>\d+) input tokens| and your request has (?P<given>\d+) input "
-                       r"tokens \((?P<new>\d+) >)"), None,
+                       r"tokens \((?P<new>\d+) >|\. However, your prompt contains at least (?P<n3>\d+) input tokens, "
+                       r"which exceeds)"), None,
             "the OpenAI-compatible servers' refusal (vLLM serving_chat.py and others, vllm#20409; vLLM 2025-26 "
             "VLLMValidationError 'However, your request has N input tokens' and the max_tokens check 'your request has N "
             "input tokens (M > L - N)')", phase="kv_capacity", read=_tokens),
@@ -694,10 +729,19 @@ RULES: tuple[OomRule, ...] = (
             "{0}. Given: {1}\", the room max_total_tokens leaves after the input; llm-vscode#94, TGI#695)",
             phase="kv_capacity", engine="tgi",
             read=lambda m: {**_tokens(m), **({"limit_setting": "--max-input-tokens"} if m.group("m2") else {})}),
-    OomRule("ollama-input-too-long", ("input length exceeds", "exceeds the context length"),
-            re.compile(r"input length exceeds (?:the |maximum )?context length"), None,
+    OomRule("ollama-input-too-long", ("input length exceeds", "exceeds the context length",
+                                      "exceeds maximum context length"),
+            re.compile(r"input length exceeds (?:the |maximum )?context length|"
+                       r"input (?:after truncation )?exceeds maximum context length"), None,
             "ollama server/routes.go EmbedHandler ('input length exceeds maximum context length', n8n#11144; 'the input "
-            "length exceeds the context length', 2025)", phase="kv_capacity", engine="ollama"),
+            "length exceeds the context length', 2025; 2026: 'input exceeds maximum context length and cannot be "
+            "truncated further', 'input after truncation exceeds maximum context length')", phase="kv_capacity",
+            engine="ollama"),
+    # -- Ollama 0.13+ (llm/server.go): the fitted layout's final allocation failed ("failed to commit memory for model"):
+    #    memory that was free at the fit was gone at the commit
+    OomRule("ollama-commit-failed", ("failed to commit memory for model",),
+            re.compile(r"failed to commit memory for model"), None, "ollama llm/server.go (0.13+) commit step",
+            engine="ollama"),
     # -- Ollama (2025-26, llm/llama_server.go completionPromptForRequest): with context shift off, a prompt that
     #    reaches num_ctx is refused with HTTP 400 "the prompt is longer than the context length currently available to
     #    the model; shorten the prompt, ..." (clients relay it: OneUptime's docs, LiteLLM and agent frameworks' tests)
@@ -954,6 +998,9 @@ STAGES = (
     # transformers' from_pretrained (_load_pretrained_model) and safetensors' loader (safetensors/torch.py load_file,
     # get_tensor) read the weights
     (("load_model", "load_weights", "weight_loader", "Loading weights", "Loading model weights",
+      # vLLM V1 (2026) wraps a weight-load OOM: "Failed to load model - not enough GPU memory. ... (original error: CUDA
+      # out of memory. Tried to allocate ...)"
+      "Failed to load model - not enough GPU memory",
       "Loading safetensors", "model_loader", "_load_pretrained_model", "safetensors",
       # TGI's shard loading its weights (models/__init__.py get_model, layers' weights.get_multi_weights_col/_sharded)
       "in get_model", "get_multi_weights", "get_sharded",
@@ -1016,6 +1063,8 @@ ENGINE_WORDS = (("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"), ("TurboMind
                 # llama-cpp-python's exception when llama.cpp's loader returned NULL (llama_cpp/_internals.py LlamaModel:
                 # "ValueError: Failed to load model from file: <path>")
                 ("Failed to load model from file: ", "llama.cpp"),
+                # Ollama's client error for a runner that died while generating (llm/server.go, 2025-26)
+                ("an error was encountered while running the model", "ollama"),
                 # ggml's own names in upper case and its C sources (GGML_ASSERT, "GGML backend", ggml.c, ggml-alloc.c)
                 ("GGML", "llama.cpp"), ("ggml.c", "llama.cpp"), ("common_fit_params", "llama.cpp"),
                 ("common_params_fit", "llama.cpp"),
@@ -1115,6 +1164,9 @@ KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in (*RULES, FATAL) for k in r.
                                             "model_memory=", '"n_ctx": ', "radv/amdgpu:", "Available Free mem", *_KV_POOL_WORDS}))
 """Every literal that selects a line for this layer (derived from :data:`RULES`, never kept by hand)."""
 
+_SELF_RECOVERY = re.compile(r"(?i)\b(?:skipping|falling back|fall(?:ing)? back to|fallback to|will retry|retrying)\b")
+"""A memory-error line that names its own way out ("failed to allocate 268435456 bytes for reorder temp buffer,
+skipping reorder", ggml-sycl): a warning the engine carries on after, a failure only if one follows."""
 _HSA_FREE = re.compile(r"Available Free mem\s*:\s*(\d+(?:\.\d+)?)\s*MB\b")
 _RADV_SIZE = re.compile(r"radv/amdgpu:\s+size\s*:\s*(\d+) bytes")
 _NEXT_LINE_NUMBERS = (
@@ -1321,7 +1373,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
             f.engine_hints[rule.engine] += 2 if rule.engine != "llama.cpp" else 1
         f.add_event("oom", lineno, line, rule=rule.id, backend=backend, phase=rule.phase, engine=rule.engine,
                     generic=rule.generic, memory=rule.memory, py_stage=f.py_stage or None,
-                    **({"warn": True} if rule.warn else {}), **data)
+                    **({"warn": True} if rule.warn or (rule.generic and _SELF_RECOVERY.search(line)) else {}), **data)
         return
     if not present.isdisjoint(FATAL.keywords) and FATAL.pattern.search(line):
         f.add_event("oom", lineno, line, rule=FATAL.id, backend=backend_of_words(line.lower()), phase=None,

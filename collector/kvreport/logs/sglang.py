@@ -138,18 +138,35 @@ def _pool_cuda_error(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
 
 def _input_too_long(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
     # scheduler validate_input_length (2024+): "Input length (N tokens) exceeds the maximum allowed length (M tokens)"
-    # where M = max_req_input_len = min(context_len - 1, max_total_num_tokens - 1) (scheduler.py). The request is
-    # refused for the KV pool (kv_capacity) when M + 1 is the pool's size, for the model's context when it is the
-    # context length (not a memory failure). Without the summary line: model context lengths are multiples of 256,
-    # token pools sized from profiled memory almost never are.
+    # where M = max_req_input_len = min(context_len - 1, max_total_num_tokens - 1) (scheduler.py): the request is
+    # longer than the KV pool or the model's context, refused either way (kv_capacity, as every engine's refusal of a
+    # request longer than its context). Which limit it met: the pool when M + 1 is the pool's size; without the
+    # summary line, model context lengths are multiples of 256, token pools sized from profiled memory almost never.
     f.engine_hints["sglang"] += 3
     limit = int(m.group(2)) + 1
     pool, ctx = f.sglang.get("max_total_num_tokens"), f.sglang.get("context_len")
     if pool is not None or ctx is not None:
-        phase = "kv_capacity" if pool is not None and limit == pool and (ctx is None or pool < ctx) else "unknown"
+        by_pool = pool is not None and limit == pool and (ctx is None or pool < ctx)
     else:
-        phase = "kv_capacity" if limit % 256 else "unknown"
-    return _fail(f, line, lineno, phase, request_tokens=int(m.group(1)), limit_tokens=limit - 1)
+        by_pool = bool(limit % 256)
+    return _fail(f, line, lineno, "kv_capacity", request_tokens=int(m.group(1)), limit_tokens=limit - 1,
+                 limit="kv_pool" if by_pool else "context_length")
+
+
+def _pool_too_small(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
+    f.engine_hints["sglang"] += 3
+    d = m.groupdict()
+    data = {}
+    if d.get("floor"):
+        data = {"requested_mib": int(d["floor"]) / 1048576.0, "free_mib": int(d["budget"]) / 1048576.0}
+    elif d.get("avail"):
+        data = {"free_mib": float(d["avail"]) * 1024.0}
+    return _fail(f, line, lineno, "kv_capacity", **data)
+
+
+def _mm_too_long(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
+    f.engine_hints["sglang"] += 3
+    return _fail(f, line, lineno, "kv_capacity", request_tokens=int(m.group(1)), limit_tokens=int(m.group(2)))
 
 
 def _ready(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
@@ -176,7 +193,23 @@ RULES: tuple[Rule, ...] = (
     Rule("profiled pool", ("profiled value",),
          re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (-?\d+)"), _profiled),
     Rule("decode out of memory (retracted, carried on)", ("out of memory happened",),
-         re.compile(r"Decode out of memory happened"), _retracted),
+         # (0.1.x tp_worker.py: "[gpu_id=0] decode out of memory happened, #retracted_reqs: 2, ...")
+         re.compile(r"[Dd]ecode out of memory happened"), _retracted),
+    # the pools sized at start-up that cannot hold what they must (2026: kv_cache_configurator.py "Loaded weights leave
+    # no GPU memory for the KV cache under --mem-fraction-static=0.7"; the hybrid mamba state cache; the unified pool
+    # "cannot fit ONE worst-case request"; the SWA pool cap "leaves no room for the full KV pool"; schedule_batch
+    # alloc_req_slots "runs out of memory. Please set a smaller number for `--max-running-requests`")
+    Rule("pools too small for one request", ("leave no GPU memory for the KV cache", "Not enough GPU memory for hybrid",
+                                             "cannot fit ONE worst-case request", "leaves no room for the full KV pool",
+                                             "alloc_req_slots runs out of memory"),
+         re.compile(r"Loaded weights leave no GPU memory for the KV cache|Not enough GPU memory for hybrid|"
+                    r"byte budget (?P<budget>\d+) cannot fit ONE worst-case request \(bs=1 floor (?P<floor>\d+)|"
+                    r"leaves no room for the full KV pool within the available (?P<avail>[\d.]+) GiB|"
+                    r"alloc_req_slots runs out of memory"), _pool_too_small),
+    # a request longer than the context once its images were expanded into tokens (scheduler.py, 2025)
+    Rule("multimodal prompt too long", ("Multimodal prompt is too long",),
+         re.compile(r"Multimodal prompt is too long after expanding multimodal tokens\..*?=> (\d+) >= (\d+)"),
+         _mm_too_long),
     Rule("prefill / decode out of memory", ("Prefill out of memory", "Decode out of memory"),
          re.compile(r"(?:Prefill|Decode) out of memory(?! happened)"), _prefill_oom),
     Rule("TP memory unbalanced", ("memory capacity is unbalanced",),

@@ -42,7 +42,10 @@ _NO_MEM = re.compile(r"No available memory for the cache blocks")
 # GPU memory utilization (0.35, 42.57 GiB)", and the short form people quote ("Free memory on cuda:0 (a/b GiB) <
 # desired utilization (0.35, 42.57 GiB)")
 _GATE = re.compile(r"Free memory on (?:device\s*)?(\S+)?\s*\(([\d.]+)/([\d.]+) GiB\)\s*(?:on startup is less than|<)\s*"
-                   r"desired (?:GPU memory )?utilization \(([\d.]+),\s*([\d.]+) GiB\)")
+                   r"(?:desired (?:GPU memory )?utilization|the engine's budget after excluding external process's "
+                   r"weights) \(([\d.]+),\s*([\d.]+) GiB\)")
+# (2026, v1/worker/utils.py: "... is less than the engine's budget after excluding external process's weights (0.9,
+# 41.27 GiB)": the same gate, with the weights another process holds left out of the budget)
 _WEIGHTS = re.compile(r"(?:Model loading|Loading model weights) took ([\d.]+)\s*(GiB|GB)")
 _VERSION = re.compile(r"(?:vLLM API server version|vLLM server version|LLM engine \(v)\s*v?([\d][\w.\-+]*)")
 _AUTOFIT = re.compile(r"Auto-fit max_model_len: reduced from (\d+) to (\d+)")
