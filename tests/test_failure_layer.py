@@ -249,6 +249,11 @@ EXAMPLES = [
      None, "unknown"),
     ("ollama-imagegen-memory", "Error: 500 Internal Server Error: insufficient memory for image generation: need 24 GB, "
                                "have 16 GB", None, "memory_budget"),
+    ("mlx-cuda-malloc", "RuntimeError: [malloc_async] Unable to allocate 4294967296 bytes.", "cuda", "unknown"),
+    ("kobold-legacy-eval", "gpt2_eval: failed to allocate 1610612736 bytes. Try reducing batch size.", "cpu",
+     "compute_buffer"),
+    ("kobold-kv-save-state", "KV Save State: Failed to allocate 8589935104 bytes.", "cpu", "unknown"),
+    ("mps-invalid-buffer-size", "RuntimeError: Invalid buffer size: 96.00 GiB", "metal", "unknown"),
     ("kv-blocks-need-have", "RuntimeError: Not enough free blocks: need 21, have 0", None, "kv_capacity"),
     ("opencl-check-other", "ggml_opencl: clGetPlatformIDs(NPLAT, platform_ids, &n_platforms) error -1001 at "
                            "ggml-opencl.cpp:782", "opencl", "unknown"),

@@ -24,4 +24,6 @@ def test_each_format_is_read_as_its_source_says(engine, row):
 
 
 def test_the_audit_covers_every_engine_family():
-    assert {e for e, _r in ROWS} == {"llamacpp", "vllm-sglang", "ollama"} and len(ROWS) >= 150
+    assert {e for e, _r in ROWS} == {"llamacpp", "vllm-sglang", "ollama", "tgi-lmdeploy", "mlx-pybind-kobold",
+                                     "torch-runtimes"}
+    assert len(ROWS) >= 270

@@ -1614,7 +1614,8 @@ class _Diagnosis:
             n_expert=to_int(f.hparams.get("n_expert")))
 
 
-_CONTEXT_NOT_CREATED = re.compile(r"failed to create context|unable to create context|failed to create_context")
+_CONTEXT_NOT_CREATED = re.compile(r"(?i:failed to create context|unable to create context|failed to create_context|"
+                                  r"failed to create llama_context)")
 """llama.cpp's end lines when llama_init_from_model returned NULL (common.cpp, the examples, llama-cpp-python)."""
 
 

@@ -145,7 +145,9 @@ _CONFIG = re.compile(
 _FINAL = re.compile(
     r"failed to create context|failed to create_context|exiting due to model loading error|unable to create context|"
     r"[Uu]nable to load model|failed to load model|server exited before becoming ready|llama_server exited with code|"
-    r"Load Text Model OK: False|error: failed to create context")
+    r"Load Text Model OK: False|error: failed to create context|"
+    # llama-cpp-python's _internals.py LlamaContext: ValueError("Failed to create llama_context")
+    r"Failed to create llama_context")
 _SUCCESS = re.compile(
     r"listening on http|server is listening|model loaded|initializing slots|load_model: initializing, n_slots|"
     r"all slots are idle|main: server is listening|starting the main loop|llama runner started|"

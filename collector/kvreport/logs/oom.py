@@ -288,7 +288,8 @@ def _summary(m: re.Match) -> dict:
     return {"summary": True, **summary_numbers(m.string)}
 
 
-_TORCH = (r"(?:(?P<be>CUDA|HIP|XPU|MPS|NPU) (?:backend )?out of memory(?: \([^)]{0,200}\))?\.\s*)?Tried to allocate (?P<req>[\d.]+) ?(?P<ru>[KMGT]i?B|bytes)"
+_TORCH = (r"(?:(?P<be>CUDA|HIP|XPU|MPS|NPU) (?:backend )?out of memory(?: \([^)]{0,200}\))?\.\s*(?:NPUWorkspaceAllocator )?)?"
+          r"[Tt]ried to allocate (?P<req>[\d.]+) ?(?P<ru>[KMGT]i?B|bytes)"
           r"(?:\.?\s*GPU (?:(?P<dev>\d+) )? ?has a total capac(?:ity|ty) of\s+(?P<total>[\d.]+) ?(?P<tu>[KMGT]i?B) of\s+which\s+"
           r"(?P<free>[\d.]+) ?(?P<fu>[KMGT]i?B|bytes) is free"
           r"|\s*\((?:GPU|NPU) (?P<dev2>\d+); (?P<total2>[\d.]+) ?(?P<tu2>[KMGT]i?B) total(?: capacity)?;"
@@ -339,8 +340,9 @@ RULES: tuple[OomRule, ...] = (
     OomRule("rknn-npu-malloc", ("failed to malloc npu memory",),
             re.compile(r"failed to malloc npu memory, size: (\d+)"), "unknown",
             "airockchip rknn runtime (rknn-llm#232)", read=lambda m: _size(m, 1, None)),
-    OomRule("cublas-alloc", ("CUBLAS_STATUS_ALLOC_FAILED", "HIPBLAS_STATUS_ALLOC_FAILED", "ROCBLAS_STATUS_MEMORY_ERROR"),
-            re.compile(r"(CUBLAS|HIPBLAS)_STATUS_ALLOC_FAILED|ROCBLAS_STATUS_MEMORY_ERROR"),
+    OomRule("cublas-alloc", ("CUBLAS_STATUS_ALLOC_FAILED", "HIPBLAS_STATUS_ALLOC_FAILED", "ROCBLAS_STATUS_MEMORY_ERROR",
+                             "CUDNN_STATUS_ALLOC_FAILED"),
+            re.compile(r"(CUBLAS|HIPBLAS|CUDNN)_STATUS_ALLOC_FAILED|ROCBLAS_STATUS_MEMORY_ERROR"),
             "cuda", "cuBLAS/hipBLAS status names (CUBLAS_CHECK in ggml-cuda.cu); ollama reports 2024: the BLAS "
             "workspace of a matrix multiplication, allocated while the graph runs", phase="compute_buffer"),
     # Ollama's 2023 runner logged ggml's "CUDA error 2 at FILE:LINE: out of memory" in two chunks: "CUDA error" and
@@ -365,7 +367,8 @@ RULES: tuple[OomRule, ...] = (
             "vllm/v1/worker/gpu_model_runner.py _dummy_sampler_run / _dummy_pooler_run ('... when warming up pooler "
             "(task='embed') with 256 dummy requests')", phase="compute_buffer", engine="vllm",
             read=lambda m: {"running_seqs": int(m.group(1))} if m.group(1) else {}),
-    OomRule("torch-oom", ("out of memory. Tried to allocate", "has a total capac", "backend out of memory"),
+    OomRule("torch-oom", ("out of memory. Tried to allocate", "has a total capac", "backend out of memory",
+                          "NPUWorkspaceAllocator tried to allocate"),
             _TORCH_RX, None, "torch CUDACachingAllocator OutOfMemoryError message (all torch 2.x)",
             phase=None, read=_torch),
     # -- torch's caching allocator (2.8+) warns before it frees its cache and retries: "[rank3]:[W814 16:06:55.44
@@ -377,15 +380,16 @@ RULES: tuple[OomRule, ...] = (
             read=lambda m: {"device_index": int(m.group(1)), "mib": int(m.group(2)) / 1048576.0,
                             **({"free_mib": int(m.group(3)) / 1048576.0} if m.group(3) else {})}, warn=True),
     OomRule("torch-exceed-allowed", ("would exceed allowed memory",),
-            re.compile(r"Allocation on device (\d+) would exceed allowed memory.{0,400}?Requested\s*:\s*([\d.]+) ?"
-                       r"([KMGT]i?B)(?:.{0,200}?Free \(according to CUDA\):\s*([\d.]+) ?([KMGT]i?B|bytes))?"),
+            re.compile(r"Allocation on device (\d+) would exceed allowed memory(?:.{0,400}?Requested\s*:\s*([\d.]+) ?"
+                       r"([KMGT]i?B)(?:.{0,200}?Free \(according to CUDA\):\s*([\d.]+) ?([KMGT]i?B|bytes))?)?"),
             "cuda", "torch CUDACachingAllocator under a per-process memory fraction ('Currently allocated / Requested "
             "/ Device limit / Free (according to CUDA)'); TGI warm-up panics quote it with literal \\n",
-            read=lambda m: {"device_index": int(m.group(1)), "mib": _mib(m.group(2), m.group(3)),
+            read=lambda m: {"device_index": int(m.group(1)), **({"mib": _mib(m.group(2), m.group(3))} if m.group(2) else {}),
                             **({"free_mib": _mib(m.group(4), m.group(5))} if m.group(4) else {})}),
     OomRule("torch-oom-bare", ("OutOfMemoryError", "CUDA out of memory", "HIP out of memory", "XPU out of memory",
-                               "CUDA driver error: out of memory", "Triton Error [CUDA]: out of memory"),
-            re.compile(r"torch\.(?:cuda\.)?OutOfMemoryError|\b(?:CUDA|HIP|XPU) out of memory|CUDA driver error: out of "
+                               "NPU out of memory", "CUDA driver error: out of memory",
+                               "Triton Error [CUDA]: out of memory"),
+            re.compile(r"torch\.(?:cuda\.)?OutOfMemoryError|\b(?:CUDA|HIP|XPU|NPU) out of memory|CUDA driver error: out of "
                        r"memory|Triton Error \[CUDA\]: out of memory"), "cuda",
             "torch OutOfMemoryError without the allocator's sizes (pasted tracebacks); the CUDA driver's and Triton's "
             "own out-of-memory errors in the same Python engines"),
@@ -424,6 +428,12 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"\[(?:malloc_or_wait|malloc)\] Unable to allocate (\d+) bytes"),
             "metal", "mlx/backend/metal/allocator.cpp (malloc_or_wait, 2024; malloc, 2025)", engine="mlx-lm",
             read=lambda m: {"mib": _mib(m.group(1), None)}),
+    # mlx's CUDA backend (mlx/backend/cuda/allocator.cpp, 2025-26): "[malloc_async] Unable to allocate N bytes.",
+    # "cudaMallocAsync(&data, size, stream) failed: out of memory"
+    OomRule("mlx-cuda-malloc", ("[malloc_async]", "cudaMallocAsync("),
+            re.compile(r"\[malloc_async\] Unable to allocate (\d+) bytes|cudaMallocAsync\([^)]*\) failed: out of memory"),
+            "cuda", "mlx/backend/cuda/allocator.cpp CudaAllocator::malloc_async", engine="mlx-lm",
+            read=lambda m: {"mib": _mib(m.group(1), None)} if m.group(1) else {}),
     # -- mlx's Metal kernels that check one buffer against maxBufferLength before they allocate (mlx/backend/metal
     #    conv.cpp, 2026): "[conv] A single unfolding row needs N bytes, which exceeds the maximum Metal buffer size of M
     #    bytes." (activations of one operation, not the device's free memory)
@@ -501,6 +511,9 @@ RULES: tuple[OomRule, ...] = (
     OomRule("ggml-alloc-free-blocks", ("out of free blocks",), re.compile(r"out of free blocks"), None,
             "ggml-alloc.c ggml_allocr_free_tensor / ggml_tallocr (2023-24)", phase="compute_buffer", engine="llama.cpp"),
     # -- host memory: C++ std::bad_alloc, errno ENOMEM, Python MemoryError, the kernel's OOM killer
+    OomRule("torch-cpu-alloc", ("DefaultCPUAllocator",),
+            re.compile(r"DefaultCPUAllocator: (?:not enough memory|can't allocate memory): you tried to allocate (\d+) bytes"),
+            "cpu", "pytorch c10/core/impl/alloc_cpu.cpp alloc_cpu (CAFFE_ENFORCE)", read=lambda m: _size(m, 1, None)),
     OomRule("bad-alloc", ("bad_alloc",), re.compile(r"std::bad_alloc|\bbad_alloc\b"), "cpu",
             "libstdc++ 'terminate called after throwing an instance of std::bad_alloc'"),
     OomRule("enomem", ("Cannot allocate memory", "cannot allocate memory", "ENOMEM", "errno 12"),
@@ -537,7 +550,7 @@ RULES: tuple[OomRule, ...] = (
                        r"^(?:zsh|bash|sh|fish): killed\s+\S|^\[\d+\][+-]?\s+\d+ killed\s+\S"),
             "cpu", "Linux OOM killer (dmesg), shells' 'Killed' (and zsh's / job control's 'killed'), Go's 'signal: "
             "killed', docker OOMKilled, an IDE's 'exit code 137 (interrupted by signal 9: SIGKILL)'"),
-    OomRule("python-memoryerror", ("MemoryError",), re.compile(r"\bMemoryError\b(?!\w)(?!: No enough free memory blocks)"), "cpu",
+    OomRule("python-memoryerror", ("MemoryError",), re.compile(r"(?<!raise )\bMemoryError\b(?!\w)(?!\()(?!: No enough free memory blocks)"), "cpu",
             "Python MemoryError (not LMDeploy's block manager's, read by lmdeploy-no-enough: a KV pool, not the host)"),
     # -- iOS / iPadOS jetsam, as the system tells the user: "The app “X” has been killed by the operating system
     #    because it is using too much memory." (the process's memory limit, not a device allocation)
@@ -550,9 +563,6 @@ RULES: tuple[OomRule, ...] = (
             "xnu bsd/kern/kern_memorystatus.c no_paging_space_action"),
     # -- torch's CPU allocator (c10/core/impl/alloc_cpu.cpp): "[enforce fail at alloc_cpu.cpp:117] data.
     #    DefaultCPUAllocator: not enough memory: you tried to allocate N bytes." (host RAM, loading weights on the CPU)
-    OomRule("torch-cpu-alloc", ("DefaultCPUAllocator",),
-            re.compile(r"DefaultCPUAllocator: (?:not enough memory|can't allocate memory): you tried to allocate (\d+) bytes"),
-            "cpu", "pytorch c10/core/impl/alloc_cpu.cpp alloc_cpu (CAFFE_ENFORCE)", read=lambda m: _size(m, 1, None)),
     # -- engines' own messages that say memory could not be had, in any wording not read by their parsers
     OomRule("turbomind-oom", ("[TM][ERROR]", "TurboMind", "turbomind"),
             re.compile(r"\[TM\]\[ERROR\].{0,200}?out of memory", re.I),
@@ -573,8 +583,9 @@ RULES: tuple[OomRule, ...] = (
     #    cache." / "... for state cache." (no block fits: the pool is too small, as vLLM's "No available memory for the
     #    cache blocks"), "No enough gpu memory for runtime." (nothing left for the prefill activations: its own budget);
     #    the paged block manager's MemoryError "No enough free memory blocks." (a sequence needs more blocks than free)
-    OomRule("lmdeploy-no-enough", ("No enough gpu memory for", "No enough free memory blocks"),
-            re.compile(r"No enough (?:gpu memory for (?P<what>kv cache|state cache|runtime)|free memory blocks)"), None,
+    OomRule("lmdeploy-no-enough", ("No enough gpu memory for", "No enough free memory blocks", "No enough host memory for"),
+            re.compile(r"No enough (?:(?:gpu|host) memory for (?P<what>kv cache|state cache|runtime)|free memory blocks)"),
+            None,
             "lmdeploy pytorch/engine/executor/base.py _get_num_gpu_blocks / _reserve_runtime_mem; "
             "pytorch/paging/block_manager (MemoryError)", engine="lmdeploy",
             read=lambda m: {"phase_hint": "memory_budget" if m.group("what") == "runtime" else "kv_capacity"}),
@@ -599,6 +610,21 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"insufficient memory for image generation: need (?P<need>\d+) GB, have (?P<have>\d+) GB"), None,
             "ollama x/imagegen/imagegen.go CheckMemory", phase="memory_budget", engine="ollama",
             read=lambda m: {"mib": int(m.group("need")) * 1024.0, "free_mib": int(m.group("have")) * 1024.0}),
+    # -- koboldcpp's legacy ggml model runners (otherarch/gpt2_v3.cpp, gptj_v3.cpp, neox_v3.cpp, mpt_v3.cpp, 2023): a
+    #    host buffer for one batch ("gpt2_eval: failed to allocate N bytes. Try reducing batch size.")
+    OomRule("kobold-legacy-eval", ("_eval: failed to allocate",),
+            re.compile(r"\b(?:gpt2|gptj|gpt_neox|neox|mpt|rwkv|llama_v[23]|falcon)_eval: failed to allocate (\d+) bytes"),
+            "cpu", "koboldcpp otherarch/*_v3.cpp *_eval (2023)", phase="compute_buffer", engine="llama.cpp",
+            read=lambda m: {"mib": _mib(m.group(1), None)}),
+    # koboldcpp (v1.93+, gpttype_adapter.cpp): a KV save-state slot it could not allocate is skipped, the server serves on
+    OomRule("kobold-kv-save-state", ("KV Save State: Failed to allocate",),
+            re.compile(r"KV Save State: Failed to allocate (\d+) bytes"), "cpu",
+            "koboldcpp gpttype_adapter.cpp save-state slots (skipped, not fatal)", engine="llama.cpp", warn=True,
+            read=lambda m: {"mib": _mib(m.group(1), None)}),
+    # -- torch's MPS allocator (aten/src/ATen/mps/MPSAllocator.mm): one buffer above what Metal can allocate
+    OomRule("mps-invalid-buffer-size", ("Invalid buffer size:",),
+            re.compile(r"Invalid buffer size: (?P<size>[\d.]+) ?(?P<unit>[KMGT]i?B)"), "metal",
+            "pytorch aten/src/ATen/mps/MPSAllocator.mm alloc_buffer_block", read=lambda m: _size(m, 1, 2)),
     OomRule("need-have", ("need",),
             re.compile(r"(?i:(?P<kv>kv[ -]?cache\b)?.{0,60}?(?:oom|out of memory|not enough|insufficient|too (?:large|big)|"
                        r"does ?n[o']t fit|fail\w*)\b.{0,60}?\bneed(?:s|ed)?\W{0,3}(?P<need>[\d.]+)\s*(?P<nu>[KMGT]i?B)"
@@ -701,7 +727,7 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"maximum context length is (?P<m>\d+) tokens(?:\. However, you requested (?P<n>\d+) tokens|\. "
                        r"However, your request has (?P<n2>\d+) input tokens| and your request has (?P<given>\d+) input "
                        r"tokens \((?P<new>\d+) >|\. However, your prompt contains at least (?P<n3>\d+) input tokens, "
-                       r"which exceeds)"), None,
+                       r"which exceeds|, however you requested (?P<n4>\d+) tokens \(\d+ in your prompt)"), None,
             "the OpenAI-compatible servers' refusal (vLLM serving_chat.py and others, vllm#20409; vLLM 2025-26 "
             "VLLMValidationError 'However, your request has N input tokens' and the max_tokens check 'your request has N "
             "input tokens (M > L - N)')", phase="kv_capacity", read=_tokens),
@@ -721,7 +747,8 @@ RULES: tuple[OomRule, ...] = (
             "SGLang tokenizer manager's input validation (Qwen3#1321, sglang#8096; _validate_one_request's 'Requested "
             "token count exceeds the model's maximum context length of M tokens. You requested a total of N tokens')",
             phase="kv_capacity", engine="sglang", read=_tokens),
-    OomRule("tgi-input-validation", ("Input validation error", "`max_new_tokens` must be <="),
+    OomRule("tgi-input-validation", ("Input validation error", "`max_new_tokens` must be <=", "`inputs` must have less than",
+                                     "`inputs` tokens + `max_new_tokens`"),
             re.compile(r"(?:Input validation error: )?`inputs` (?:tokens \+ `max_new_tokens` must be <= (?P<m>\d+)(?:\. "
                        r"Given: (?P<given>\d+) `inputs` tokens and (?P<new>\d+) `max_new_tokens`)?|must have less than "
                        r"(?P<m2>\d+) tokens\. Given: (?P<n>\d+))|`max_new_tokens` must be <= (?P<m3>\d+)\b"), None,
@@ -777,7 +804,7 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"(?i:number of tokens to keep from the initial prompt is greater than the context length)"), None,
             "LM Studio's context refusal (lmstudio-ai/mlx-engine#366)", phase="kv_capacity"),
     OomRule("llamacpp-prompt-too-long", ("prompt is too long (", "exceed context window of"),
-            re.compile(r"prompt is too long \((?P<n>\d+) tokens, max (?P<m>\d+)\)|Requested tokens \((?P<n2>\d+)\) "
+            re.compile(r"prompt is too long \((?P<n>\d+) tokens, max (?P<m>\d+)\)|Requested tokens (?:\((?P<n2>\d+)\) )?"
                        r"exceed context window of (?P<m2>\d+)"), None,
             "llama.cpp examples/main (2023) 'error: prompt is too long (N tokens, max M)'; llama-cpp-python "
             "'Requested tokens (N) exceed context window of M' (llama-cpp-python#416)", phase="kv_capacity",
@@ -891,10 +918,15 @@ RULES: tuple[OomRule, ...] = (
     #    bytes available in AlignedAllocator": a buffer of fixed size, not the device's free memory
     OomRule("flashinfer-workspace", ("AlignedAllocator", "Buffer overflow when allocating"),
             re.compile(r"Buffer overflow when\s+allocating memory for (?P<name>\w+) with size\s+(?P<size>\d+)"
-                       r"(?: and\s+alignment \d+)?,?\s+(?:but\s+)?only\s+(?P<avail>\d+) bytes"),
+                       r"(?: and\s+alignment \d+)?,?\s+(?:but\s+)?only\s+(?P<avail>\d+) bytes|"
+                       # (v0.1.x, 2024: "Failed to allocate memory for batch_prefill_tmp_v with size 553648128 and
+                       # alignment 16 in AlignedAllocator")
+                       r"Failed to allocate memory for (?P<name2>\w+) with size (?P<size2>\d+) and alignment \d+ in "
+                       r"AlignedAllocator"),
             "cuda", "flashinfer include/flashinfer/allocator.h AlignedAllocator::aligned_alloc (2024-2026)",
-            phase="compute_buffer", read=lambda m: {"mib": _mib(m.group("size"), None),
-                                                    "limit_mib": _mib(m.group("avail"), None)}),
+            phase="compute_buffer", read=lambda m: {"mib": _mib(m.group("size") or m.group("size2"), None),
+                                                    **({"limit_mib": _mib(m.group("avail"), None)}
+                                                       if m.group("avail") else {})}),
     # -- vllm-metal (vLLM's Apple plugin, 2026) MetalWorker.determine_available_memory: "Paged attention: not enough
     #    Metal memory for KV cache. metal_limit=..GB, fraction=.., ..., kv_budget=-12.05GB": its own budget check
     OomRule("vllm-metal-kv-budget", ("not enough Metal memory for KV cache",),
@@ -986,7 +1018,7 @@ STAGES = (
     # (flash_causal_lm.py warmup): the function or log words of each start-up step, and the buffer that step allocates
     (("capture_model", "cuda_graph", "cudagraph", "CUDA graph", "CUDAGraph", "CudaGraph", "graph capture",
       "Capturing", "Capture cuda graph"), "compute_buffer"),
-    (("profile_run", "_dummy_run", "_dummy_sampler_run", "when warming up sampler", "determine_num_available_blocks",
+    (("profile_run", "profile_num_available_blocks", "_dummy_run", "_dummy_sampler_run", "when warming up sampler", "determine_num_available_blocks",
       "determine_available_memory", "warmup", "warm_up", "Warming up", "def warmup", "Warmup failed"), "compute_buffer"),
     # (SGLang's KV pools: mem_cache/memory_pool.py _create_buffers "self.kv_buffer = torch.zeros(", "self.k_buffer = [",
     # the NPU one too; LightLLM's mem manager "self.key_buffer = [torch.empty(...", "self.value_buffer = [...")
@@ -995,6 +1027,8 @@ STAGES = (
       "value_buffer = ", "allocate_gpu_cache",
       # exllamav2's cache (cache.py ExLlamaV2Cache.create_state_tensors: "p_key_states = torch.zeros(...)")
       "create_state_tensors", "p_key_states"), "kv_cache"),
+    # (TurboMind's create_model_instance allocates its KV block pool and more buffers besides: the corpus's labellers
+    # leave an OOM there unplaced, ce-007 / go-003, so it is not a stage here)
     # transformers' from_pretrained (_load_pretrained_model) and safetensors' loader (safetensors/torch.py load_file,
     # get_tensor) read the weights
     (("load_model", "load_weights", "weight_loader", "Loading weights", "Loading model weights",
@@ -1008,7 +1042,9 @@ STAGES = (
       "preparing model tensor", "prepare model tensor",
       # TensorRT's builder writing the engine's weights to device memory ("[globWriter.cpp::makeResizableGpuMemory::
       # 423] Error Code 2: OutOfMemory", TensorRT-LLM engine builds)
-      "globWriter.cpp"), "model_weights"),
+      "globWriter.cpp",
+      # TurboMind's weights (lmdeploy/turbomind/turbomind.py _create_weight_func: model_comm.create_shared_weights)
+      "create_shared_weights", "_create_weight_func"), "model_weights"),
     # mlx-lm / mlx-vlm / LM Studio's mlx_engine (generate.py, server.py): evaluating the prompt cache's state is the
     # KV cache; prefill steps and generation are activations
     (("prompt_cache", "prompt cache"), "kv_cache"),
@@ -1114,6 +1150,9 @@ FATAL = OomRule(
                     # ggml-sycl's handler of a caught sycl::exception ("Exception caught at file:.../ggml-sycl.cpp,
                     # line:4199", then exit): its memory words are read by sycl-oom, anything else is no memory failure
                     "Exception caught at file:",
+                    # libc++abi (macOS) on an uncaught C++ exception: "libc++abi: terminating due to uncaught exception
+                    # of type std::runtime_error: ..." (mlx's Metal errors that are not memory: "Impacting Interactivity")
+                    "terminating due to uncaught exception",
                     # Ollama's scheduler gave up on a runner that did not come up in OLLAMA_LOAD_TIMEOUT (llm/server.go)
                     "timed out waiting for llama runner to start",
                     # glibc malloc's aborts on a corrupted heap (malloc/malloc.c malloc_printerr)
@@ -1131,6 +1170,7 @@ FATAL = OomRule(
                r"\bFailed to load the model\b|exited before becoming healthy|"
                r"\bcuBLAS error \d+|"
                r"illegal memory access|\bhas crashed\b|\(Exit code: -?\d+\)|Exception caught at file:|"
+               r"terminating due to uncaught exception|"
                r"timed out waiting for llama runner to start|" + GGML_ABORT_AT
                + "|" + GLIBC_HEAP_ABORT +
                # glibc backtrace_symbols: "/usr/lib/libllama.so(llama_decode+0xc)[0x7f15...]"
@@ -1161,7 +1201,7 @@ KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in (*RULES, FATAL) for k in r.
                                          | {w for w, _ in ENGINE_WORDS} | {w for ws, _ in STAGES for w in ws}
                                          | {"current device:", "hipMalloc(", "metal_limit=", "kv_budget=",
                                             "direct cause of the following exception", *_CAPTURE_DONE_WORDS,
-                                            "model_memory=", '"n_ctx": ', "radv/amdgpu:", "Available Free mem", *_KV_POOL_WORDS}))
+                                            "model_memory=", '"n_ctx": ', "radv/amdgpu:", "Available Free mem", "Requested", "Free (according to CUDA)", *_KV_POOL_WORDS}))
 """Every literal that selects a line for this layer (derived from :data:`RULES`, never kept by hand)."""
 
 _SELF_RECOVERY = re.compile(r"(?i)\b(?:skipping|falling back|fall(?:ing)? back to|fallback to|will retry|retrying)\b")
@@ -1169,13 +1209,18 @@ _SELF_RECOVERY = re.compile(r"(?i)\b(?:skipping|falling back|fall(?:ing)? back t
 skipping reorder", ggml-sycl): a warning the engine carries on after, a failure only if one follows."""
 _HSA_FREE = re.compile(r"Available Free mem\s*:\s*(\d+(?:\.\d+)?)\s*MB\b")
 _RADV_SIZE = re.compile(r"radv/amdgpu:\s+size\s*:\s*(\d+) bytes")
+_ASYNC_REQ = re.compile(r"Requested\s*:\s*([\d.]+) ?([KMGT]i?B)")
+_ASYNC_FREE = re.compile(r"Free \(according to CUDA\):\s*([\d.]+) ?([KMGT]i?B|bytes)")
 _NEXT_LINE_NUMBERS = (
     # the size line under RADV's "Failed to allocate a buffer:" (radv_amdgpu_bo.c prints it next)
     ("radv/amdgpu:", _RADV_SIZE, "radv-alloc", "mib", lambda m: int(m.group(1)) / 1048576.0),
     # the free memory ROCm's runtime prints with its out-of-resources abort
     ("Available Free mem", _HSA_FREE, "hsa-out-of-resources", "free_mib", lambda m: float(m.group(1))),
+    # torch's cudaMallocAsync backend prints its numbers one a line under "would exceed allowed memory"
+    ("Requested", _ASYNC_REQ, "torch-exceed-allowed", "mib", lambda m: _mib(m.group(1), m.group(2))),
+    ("Free (according to CUDA)", _ASYNC_FREE, "torch-exceed-allowed", "free_mib", lambda m: _mib(m.group(1), m.group(2))),
 )
-"""(literal, pattern, rule, event field, value): a number printed on the line after a rule's own line, within 2."""
+"""(literal, pattern, rule, event field, value): a number printed on a line after a rule's own line, within 4."""
 _JSON_N_CTX = re.compile(r'\s*"n_ctx": (\d+),?\s*$')
 _KV_POOL = re.compile(r"Allocate (\d+) bytes for k/v cache|Allocated ([\d.]+) GiB for max tokens in paged KV cache")
 _CURRENT_DEVICE = re.compile(r"current device: (\d+)(?:, in function (\w+))?")
@@ -1297,6 +1342,21 @@ def _mark_chained(f: LogFacts, lineno: int) -> None:
             return
 
 
+def _next_line_number(f: LogFacts, line: str, lineno: int) -> bool:
+    """A number an error prints on a line of its own (:data:`_NEXT_LINE_NUMBERS`) -> the field of that error's event,
+    when the error came at most 4 lines before; True when the line was read so."""
+    for word, rx, rule, key, value in _NEXT_LINE_NUMBERS:
+        m = rx.search(line) if word in line else None
+        if m:
+            for ev in reversed(f.events[-3:]):
+                if ev["kind"] == "oom" and ev.get("rule") == rule and 0 < lineno - ev["lineno"] <= 4:
+                    if ev.get(key) is None:
+                        ev[key] = value(m)
+                    return True
+            return False  # (no such error just before: the line is read as any other)
+    return False
+
+
 def _side_line(f: LogFacts, line: str, lineno: int) -> bool:
     """Lines that are not failures of their own: warnings the engine carries on after, the continuation lines of an
     error block, a KV pool size. True when the line was one of them (read)."""
@@ -1321,14 +1381,8 @@ def _side_line(f: LogFacts, line: str, lineno: int) -> bool:
     if "hipMalloc(" in line or "hipMallocManaged(" in line:
         _attach_call(f, line, lineno)
         return True
-    for word, rx, rule, key, value in _NEXT_LINE_NUMBERS:
-        m = rx.search(line) if word in line else None
-        if m:
-            for ev in reversed(f.events[-3:]):
-                if ev["kind"] == "oom" and ev.get("rule") == rule and 0 < lineno - ev["lineno"] <= 2:
-                    ev[key] = value(m)
-                    break
-            return True
+    if _next_line_number(f, line, lineno):
+        return True
     if '"n_ctx": ' in line:
         m = _JSON_N_CTX.match(line)
         if m:  # LM Studio's load error JSON ("errorData": {"n_ctx": 1048576, ...}): the context it tried
@@ -1403,6 +1457,9 @@ def _rule_backend(rule: OomRule, m: re.Match, data: dict, line: str) -> str | No
         return {"ROCm": "rocm", "MUSA": "musa"}.get(data.get("cuda_name", "CUDA"), "cuda")
     if rule.id == "torch-oom":
         return {"CUDA": "cuda", "HIP": "rocm", "XPU": "sycl", "MPS": "metal", "NPU": "cann"}.get(m.group("be") or "CUDA")
+    if rule.id == "torch-oom-bare":
+        # (torch.OutOfMemoryError is every device's: "NPU out of memory" is torch_npu's, "HIP out of memory" ROCm's)
+        return backend_of_words(line.lower()) or rule.backend
     if data.get("device_name"):
         from kvreport.vocab import backend_of_device
 
