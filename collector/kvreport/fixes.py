@@ -118,10 +118,10 @@ class Situation:
     py_stage: str | None = None
     """The start-up step of a Python engine in which a torch OOM was raised (kvreport.logs.oom.STAGES)."""
     kv_examples_fit: list = field(default_factory=list)
-    n_expert: int | None = None
-    """Experts per layer of a mixture-of-experts model (llama.cpp's ``print_info: n_expert``)."""
     """Without the model: (example shape, largest context in tokens whose f16 KV fits the budget) for the
     well-known shapes of kvreport.analyze.KV_EXAMPLES, shown as examples, never as the user's model."""
+    n_expert: int | None = None
+    """Experts per layer of a mixture-of-experts model (llama.cpp's ``print_info: n_expert``)."""
     n_seq_known: bool = True
     """False when no log line or flag gave the parallel slots (n_seq is then the assumed 1)."""
     device_total_mib: float | None = None
