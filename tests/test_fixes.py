@@ -825,3 +825,15 @@ def test_an_unknown_engine_gets_the_idea_not_vllm_flags_on_its_command():
     for s in d["suggestions"]:
         if any(k.startswith("--") for k in s["change"]):
             assert s["command"] is None and "vLLM's name for it" in s["title"]
+
+
+def test_a_python_engine_on_one_of_several_visible_gpus_splits_the_model_first():
+    """CUDA_VISIBLE_DEVICES lists 8 GPUs and vLLM runs the model on one (no --tensor-parallel-size): split it."""
+    oom = ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 384.00 MiB. GPU 0 has a total capacty of "
+           "79.33 GiB of which 351.81 MiB is free.\n")
+    d = analyze_text(oom, "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 python -m vllm.entrypoints.openai.api_server --model q")
+    assert d["suggestions"][0]["id"] == "more-devices"
+    assert d["suggestions"][0]["change"] == {"--tensor-parallel-size": 8}
+    # already split over all of them, or one GPU visible: no such suggestion first
+    for cmd in ("CUDA_VISIBLE_DEVICES=0,1 vllm serve q --tensor-parallel-size 2", "CUDA_VISIBLE_DEVICES=0 vllm serve q"):
+        assert analyze_text(oom, cmd)["suggestions"][0]["id"] != "more-devices", cmd

@@ -1214,6 +1214,42 @@ def _py_more_devices(b: _Builder, rank: float) -> None:
           "weights per GPU halve", f"Tensor parallelism splits {what} across GPUs.")
 
 
+_TP_FLAG = {"vllm": ("--tensor-parallel-size", "tensor_parallel_size"), "sglang": ("--tp-size", "tp_size"),
+            "tgi": ("--num-shard", "num_shard")}
+"""Each Python engine's own knob for splitting the model over GPUs, and its parsed flag name."""
+
+
+def _visible_gpus(s: Situation) -> int:
+    """The GPUs the command made visible (CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES as a list)."""
+    env = (s.command or {}).get("env") or {}
+    for key in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
+        ids = [x for x in str(env.get(key) or "").split(",") if x.strip()]
+        if ids:
+            return len(ids)
+    return 0
+
+
+def unused_visible_gpus(s: Situation) -> bool:
+    """A Python engine ran out of device memory on one GPU while its command made several visible and left the model
+    on one of them (no tensor parallelism: vLLM --tensor-parallel-size, SGLang --tp-size, TGI --num-shard)."""
+    knob = _TP_FLAG.get(s.engine)
+    if not knob or s.engine == "tgi" and s.flags.get("sharded") is True:
+        return False
+    tp = to_int(str(s.flags.get(knob[1]) or 1)) or 1
+    return _visible_gpus(s) > tp and s.backend not in ("cpu",)
+
+
+def _py_use_visible_gpus(b: _Builder, rank: float) -> None:
+    s = b.s
+    n = _visible_gpus(s)
+    flag = _TP_FLAG[s.engine][0]
+    n = 1 << (n.bit_length() - 1)  # (tensor parallelism wants a power of two that divides the attention heads)
+    b.add(rank, "more-devices", f"Split the model over the {n} GPUs the command made visible", {flag: n},
+          f"weights (and KV heads) per GPU about {n}x smaller",
+          f"The command makes {_visible_gpus(s)} GPUs visible but runs the whole model on one of them ({flag} unset); "
+          "tensor parallelism spreads the weights and the KV cache over them.")
+
+
 def _py_pool_target(s: Situation, max_len) -> int | None:
     v = s.vllm or {}
     target = v.get("estimated_max_len")
@@ -2020,6 +2056,8 @@ RULES: tuple[Rule, ...] = (
     _r("smaller-model-or-quant", LLAMA, _UNK, host_ran_out, 4, _smaller_model),
     _r("free-device-memory", LLAMA, _UNK, always, 5, _free_memory),
     # vLLM, SGLang, TGI, LMDeploy (and unknown engines with their flags or a torch OOM)
+    _r("more-devices", PYTHON, (*_ACT, "model_weights", "kv_cache", "kv_capacity"), unused_visible_gpus, -1.5,
+       _py_use_visible_gpus),
     _r("raise-gpu-memory-utilization", PYTHON, "memory_budget", metal_fraction_too_low, -0.5, _py_metal_fraction),
     _r("smaller-model-or-quant", PYTHON, "memory_budget", metal_fraction_maxed, -0.5, _smaller_model),
     _r("free-device-memory", PYTHON, "memory_budget", always, 0, _free_memory),
