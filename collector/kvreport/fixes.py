@@ -916,7 +916,7 @@ def _bisect(b: _Builder, rank: float) -> None:
 
 def _bisect_crash(b: _Builder, rank: float) -> None:
     b.add(rank, "bisect-regression", "Try a known-good build", {},
-          "the engine crashed on something that is not memory: "
+          "the engine failed on something that is not memory: "
           + " ".join(str(b.s.final_error or "").split())[:160],
           "A crash (an assert, a segfault, a lost device) is a bug of the engine or the driver, not a setting: run the "
           "same command on the previous release (or another backend) and report the last build that works "

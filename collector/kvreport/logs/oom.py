@@ -1193,7 +1193,11 @@ CRASH = re.compile(GGML_ABORT_AT + "|" + GLIBC_HEAP_ABORT + r"|GGML_ASSERT|ggml_
                    r"no kernel image is available|no device code compatible with|invalid device function|"
                    r"unspecified launch failure|compiled without support for the current GPU|"
                    # a broken install or build: the runner's binary does not link
-                   r"undefined symbol: |error while loading shared libraries|" + _WINDOWS_CRASH_RX)
+                   r"undefined symbol: |error while loading shared libraries|"
+                   # a GPU backend that could not start on this OS or driver (ggml-metal's shader library or pipelines,
+                   # ggml-sycl's device query): a build that starts there is the fix, not a setting
+                   r"failed to initialize the Metal library|ggml_metal_init\(\) failed|load pipeline error|"
+                   r"failed to get device memory size|" + _WINDOWS_CRASH_RX)
 """The :data:`FATAL` lines that are a crash: an assert, a fatal signal, a lost device -- the engine's own bug or the
 driver's, not the configuration (kvreport.fixes.crashed)."""
 
