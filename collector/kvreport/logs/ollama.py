@@ -292,7 +292,7 @@ def _started(f: LogFacts, line: str, lineno: int) -> bool:
 
 SECTIONS: tuple[tuple[str, tuple[str, ...], Callable[[LogFacts, str, int], bool]], ...] = (
     ("engine hints and version", ("msg=", "Listening on", "ollama", "Ollama", "llama runner", "llama-server process",
-                                  "OLLAMA_", "runner.go", "version", ".go:"), _hints),
+                                  "OLLAMA_", "runner.go", "version", "source="), _hints),
     ("load request (KvSize, Parallel, KvCacheType)", ("KvSize",), _load_request),
     ("structured records (msg=...)", ("msg=",), _msg_record),
     ("memory layout refused", ("memory layout cannot be allocated",), _layout),

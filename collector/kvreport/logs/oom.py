@@ -1145,8 +1145,9 @@ FATAL = OomRule(
                     "CrashLoopBackOff", "Back-off restarting failed container",
                     # LM Studio's load dialog, its engine runtime's exit before its health check (0.4.x)
                     "Failed to load the model", "exited before becoming healthy",
-                    # ggml_abort / GGML_ABORT: "<path>/ggml-backend.cpp:941: <message>" (ggml.c prints file:line first)
-                    ".c:", ".cpp:", ".cu:", ".m:",
+                    # ggml_abort / GGML_ABORT: "<path>/ggml-backend.cpp:941: <message>" (ggml.c prints file:line first;
+                    # the file is one of ggml's or llama.cpp's, see GGML_ABORT_AT)
+                    "ggml-", "ggml.c:", "llama-", "llama.cpp:",
                     # ggml-sycl's handler of a caught sycl::exception ("Exception caught at file:.../ggml-sycl.cpp,
                     # line:4199", then exit): its memory words are read by sycl-oom, anything else is no memory failure
                     "Exception caught at file:",
@@ -1205,7 +1206,7 @@ KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in (*RULES, FATAL) for k in r.
                                          | {w for w, _ in ENGINE_WORDS} | {w for ws, _ in STAGES for w in ws}
                                          | {"current device:", "hipMalloc(", "metal_limit=", "kv_budget=",
                                             "direct cause of the following exception", *_CAPTURE_DONE_WORDS,
-                                            "model_memory=", '"n_ctx": ', "radv/amdgpu:", "Available Free mem", "Requested", "Free (according to CUDA)", *_KV_POOL_WORDS}))
+                                            "model_memory=", '"n_ctx": ', "radv/amdgpu:", "Available Free mem", "Requested  ", "Free (according to CUDA)", *_KV_POOL_WORDS}))
 """Every literal that selects a line for this layer (derived from :data:`RULES`, never kept by hand)."""
 
 _SELF_RECOVERY = re.compile(r"(?i)\b(?:skipping|falling back|fall(?:ing)? back to|fallback to|will retry|retrying)\b")
@@ -1220,8 +1221,9 @@ _NEXT_LINE_NUMBERS = (
     ("radv/amdgpu:", _RADV_SIZE, "radv-alloc", "mib", lambda m: int(m.group(1)) / 1048576.0),
     # the free memory ROCm's runtime prints with its out-of-resources abort
     ("Available Free mem", _HSA_FREE, "hsa-out-of-resources", "free_mib", lambda m: float(m.group(1))),
-    # torch's cudaMallocAsync backend prints its numbers one a line under "would exceed allowed memory"
-    ("Requested", _ASYNC_REQ, "torch-exceed-allowed", "mib", lambda m: _mib(m.group(1), m.group(2))),
+    # torch's cudaMallocAsync backend prints its numbers one a line, padded ("Requested               : 2.00 GiB"),
+    # under "would exceed allowed memory"
+    ("Requested  ", _ASYNC_REQ, "torch-exceed-allowed", "mib", lambda m: _mib(m.group(1), m.group(2))),
     ("Free (according to CUDA)", _ASYNC_FREE, "torch-exceed-allowed", "free_mib", lambda m: _mib(m.group(1), m.group(2))),
 )
 """(literal, pattern, rule, event field, value): a number printed on a line after a rule's own line, within 4."""

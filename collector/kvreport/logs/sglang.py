@@ -140,17 +140,9 @@ def _input_too_long(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
     # scheduler validate_input_length (2024+): "Input length (N tokens) exceeds the maximum allowed length (M tokens)"
     # where M = max_req_input_len = min(context_len - 1, max_total_num_tokens - 1) (scheduler.py): the request is
     # longer than the KV pool or the model's context, refused either way (kv_capacity, as every engine's refusal of a
-    # request longer than its context). Which limit it met: the pool when M + 1 is the pool's size; without the
-    # summary line, model context lengths are multiples of 256, token pools sized from profiled memory almost never.
+    # request longer than its context)
     f.engine_hints["sglang"] += 3
-    limit = int(m.group(2)) + 1
-    pool, ctx = f.sglang.get("max_total_num_tokens"), f.sglang.get("context_len")
-    if pool is not None or ctx is not None:
-        by_pool = pool is not None and limit == pool and (ctx is None or pool < ctx)
-    else:
-        by_pool = bool(limit % 256)
-    return _fail(f, line, lineno, "kv_capacity", request_tokens=int(m.group(1)), limit_tokens=limit - 1,
-                 limit="kv_pool" if by_pool else "context_length")
+    return _fail(f, line, lineno, "kv_capacity", request_tokens=int(m.group(1)), limit_tokens=int(m.group(2)))
 
 
 def _pool_too_small(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
