@@ -65,6 +65,25 @@ EXAMPLES = [
                      "line=172", "cuda", "unknown"),
     ("xla-resource-exhausted", "RuntimeError: Bad StatusOr access: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. "
                                "Ran out of memory in memory space smem.", None, "unknown"),
+    # the net, in any capitalisation (tt-metal's TT_FATAL "Out of Memory"), and an allocation that names its buffer
+    # (QNN ExecuTorch's "Could not allocate persistent weights buffer!")
+    ("memory-words", "TT_FATAL: Out of Memory: Not enough space to allocate 1879048192 B DRAM buffer across 8 banks,",
+     None, "unknown"),
+    ("memory-words", "[ERROR] [Qnn ExecuTorch]:  <E> Could not allocate persistent weights buffer!", None,
+     "model_weights"),
+    ("memory-words", "couldn't allocate memory for the KV cache", None, "kv_cache"),
+    # the TPU runtime (vllm#16521, vllm-project/tpu-inference#3408, vllm#20644)
+    ("xla-program-load", "RuntimeProgramAllocationFailure: Error loading program 'jit__forward': Attempting to "
+                         "allocate 1.13G. That was not possible. There are 528.72M free.", None, "compute_buffer"),
+    ("xla-not-possible", "Error allocating device buffer: Attempting to allocate 896.00M. That was not possible. There "
+                         "are 295.08M free.; (0x0x0_HBM0)", None, "unknown"),
+    # ggml-hexagon (llama.cpp#29123); tt-metal (tt-inference-server#225); FreeToken's planner (FreeToken#409)
+    ("buffer-over-max-size", "HTP0:0 buffer size 556236800 exceeds max_bufsize 268435456", None, "unknown"),
+    ("tt-metal-l1-circular-buffers", "Statically allocated circular buffers on core range [(x=0,y=0) - (x=3,y=0)] grow "
+                                     "to 2292704 B which is beyond max L1 size of 1499136 B", None, "compute_buffer"),
+    ("plan-over-budget", "AssertionError: cache budget too small: minimum plan (moe=1024 slots, kv=128 pages) needs "
+                         "3046637568 B > budget -1868787708 B (raise memory_ratio, lower kv_reserve_tokens, or free GPU "
+                         "memory)", None, "memory_budget"),
     ("memory-check-refused", "Prefill would require ~237.30 GB peak (current 156.05 GB + KV+SDPA 81.25 GB) but dynamic "
                              "ceiling is 235.96 GB.", None, "memory_budget"),
     ("kv-slot", "srv  update_slots: failed to decode the batch: KV cache is full - try increasing it via the context size, "
@@ -1061,3 +1080,45 @@ def test_a_report_that_ends_with_a_question_is_still_a_report():
     d = analyze_text("Error: model requires more system memory (18.7 GiB) than is available (4.1 GiB), but I have 32GB "
                      "RAM?\n")
     assert d["failure"]["phase"] == "memory_budget"
+
+
+def test_rust_backtrace_frames_after_the_error_place_it():
+    # candle-based engines print the error, then std's backtrace innermost first (vllm.rs, guoqingbao/xinfer#182;
+    # candle#2631): the first frame that names a step places the OOM, however deep
+    head = 'Error: DriverError(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")\n   0: candle_core::error::Error::bt\n'
+    frames = ["candle_core::device::Device::zeros", "candle_core::tensor::Tensor::zeros_impl",
+              "candle_core::tensor::Tensor::zeros", "vllm_rs::core::runner::ModelRunner::init_kv_cache",
+              "vllm_rs::core::runner::ModelRunner::new"]
+    log = head + "".join(f"  {i + 1:>2}: {fr}\n" for i, fr in enumerate(frames))
+    assert analyze_text(log)["failure"]["phase"] == "kv_cache"
+    weights = head + "   1: candle_core::tensor::Tensor::from_slice\n   2: candle_core::safetensors::convert_slice\n" \
+                     "   3: candle_core::safetensors::MmapedSafetensors::load\n"
+    assert analyze_text(weights)["failure"]["phase"] == "model_weights"
+
+
+def test_a_finished_progress_bar_is_no_step():
+    # "Loading weights: 100%|...| 206/206" is done: an OOM after it is not the weights' (FreeToken#419)
+    log = ("[13:32:43] stderr/INFO  Loading weights: 100%|██████████| 206/206 [00:07<00:00, 27.94it/s]\n"
+           "[13:33:58] stdout/ERROR  Backend supervisor: AssertionError: Not enough memory for KV cache, try reducing "
+           "--num-pages\n")
+    assert analyze_text(log)["failure"]["phase"] != "model_weights"
+
+
+def test_case_variants_cover_every_capitalisation():
+    from kvreport.logs.common import case_variants
+
+    v = case_variants("out of memory")
+    assert {"out of memory", "Out of memory", "Out of Memory", "Out Of Memory", "OUT OF MEMORY"} <= set(v)
+    assert len(v) == len(set(v)) == 9
+
+
+def test_a_load_error_cut_after_its_colon_is_the_refused_allocation_before_it():
+    # text-generation-webui relayed llama.cpp's loader error without its reason (oobabooga/textgen#5987): right after a
+    # refused backend allocation, "error loading model:" is that allocation, i.e. the weights
+    log = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 30649.55 MiB on device 0: cudaMalloc failed: out of "
+           "memory\nllama_model_load: error loading model:\n")
+    f = analyze_text(log)["failure"]
+    assert (f["phase"], f["failing_device"], f["requested_mib"]) == ("model_weights", "CUDA0", 30649.55)
+    assert f["final_error"] == "llama_model_load: error loading model:"
+    # without the refused allocation before it, a cut reason says nothing about memory
+    assert analyze_text("llama_model_load: error loading model:\n")["failure"]["phase"] == "unknown"

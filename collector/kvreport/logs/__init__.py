@@ -121,7 +121,9 @@ WRAP_PAIRS = (("max seq len", "KV cache is needed"), ("max seq len", "maximum nu
               ("Tried to allocate", "has a total capacity of"), ("Tried to allocate", "total capacity;"),
               ("model requires more", "than is available"), ("failed to allocate", "buffer of size"),
               ("Buffer overflow when allocating", "bytes available in AlignedAllocator"),
-              ("using device", "MiB free"), ("maximum context length is", "However, you requested"))
+              ("using device", "MiB free"), ("maximum context length is", "However, you requested"),
+              # the TPU runtime's status message puts a newline after the program's name (tpu-inference#3408)
+              ("Error loading program", "That was not possible"))
 """(start, continuation) of the same messages when the break falls between two phrases."""
 
 

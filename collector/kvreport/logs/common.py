@@ -115,6 +115,19 @@ def size_to_mib(value: float, unit: str) -> float:
     return value
 
 
+def case_variants(*phrases: str) -> tuple[str, ...]:
+    """Every way engines capitalise a phrase: each word lower or capitalised, and all upper ("out of memory", "Out of
+    Memory" (tt-metal's TT_FATAL), "Out Of Memory", "OUT OF MEMORY"...). The prefilter's literals are case-sensitive,
+    so a phrase that selects lines lists every form (a rule's regex then reads the line case-insensitively)."""
+    out: dict[str, None] = {}
+    for phrase in phrases:
+        words = phrase.split(" ")
+        for mask in range(1 << len(words)):
+            out[" ".join(w[:1].upper() + w[1:] if mask >> i & 1 else w for i, w in enumerate(words))] = None
+        out[phrase.upper()] = None
+    return tuple(out)
+
+
 class KeywordSet:
     """Which of a table's literal keywords a line holds, in one pass (RE2's multi-pattern ``Set``: every keyword that
     occurs, overlapping ones included), so that a parser walks only the rows of its table whose keywords are there

@@ -819,7 +819,18 @@ _CONFIG_OWN = re.compile(r"unknown model architecture|error loading model|n_seq_
 engine too, when nothing else in the log names it (LM Studio's relay of a load error)."""
 
 
+_LOAD_NO_REASON = re.compile(r"error loading model:\s*$")
+
+
 def _f_config(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
+    if _LOAD_NO_REASON.search(line) and any(e["kind"] == "backend" and lineno - e["lineno"] <= 3 for e in f.events[-3:]):
+        # "llama_model_load: error loading model:" with its reason cut off (a paste, a relay), right after a backend's
+        # refused allocation: the loader's exception was that allocation (its reason reads "unable to allocate
+        # <buffer type> buffer"), so the weights did not fit
+        f.add_event("reason", lineno, line, phase="model_weights", kv_update=False)
+        f.add_error(line)
+        f.final_error = line
+        return
     # an assert is read as a refusal, but weakly: when its condition is about memory ("out of free blocks", "not
     # enough space") the failure layer reads the same line as the memory failure it is
     f.add_event("config", lineno, line, what=(m.group(1) if m.re is _CTX_FAIL else line).strip()[-200:],

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvreport.logs.common import KeywordSet, size_to_mib, to_float
+from kvreport.logs.common import KeywordSet, case_variants, size_to_mib, to_float
 from kvreport.logs.facts import LogFacts
 
 
@@ -162,12 +162,14 @@ def _tokens_json(m: re.Match) -> dict:
 
 
 _XLA_USED = re.compile(r"Used ([\d.]+)([KMGT])i?B? of ([\d.]+)([KMGT])i?B? (\w+)")
-_XLA_RESERVE = re.compile(r"Attempting to reserve ([\d.]+)([KMGT])i?B?\b.{0,120}?There are ([\d.]+)([KMGT])i?B? free")
+_XLA_RESERVE = re.compile(r"Attempting to (?:reserve|allocate) ([\d.]+)([KMGT])i?B?\b.{0,120}?There are ([\d.]+)([KMGT])i?B? "
+                          r"free")
 
 
 def _xla(text: str) -> dict:
     """XLA's sizes: "Used 21.95G of 15.48G hbm" (the program's need and the memory space's size) or "Attempting to
-    reserve 10.51G ... There are 8.97G free" (MiB out)."""
+    reserve 10.51G ... There are 8.97G free" / "Attempting to allocate 896.00M. That was not possible. There are
+    295.08M free." (MiB out)."""
     m = _XLA_USED.search(text)
     if m:
         return {"mib": _mib(m.group(1), m.group(2) + "iB"), "limit_mib": _mib(m.group(3), m.group(4) + "iB")}
@@ -213,6 +215,13 @@ def _ollama_nomem(text: str) -> dict:
                 out["phase_hint"] = _NOMEM_KIND[kind]
             if name and kind != "InputWeights":
                 out["device_name"] = name
+    return out
+
+
+def _over_max(m: re.Match) -> dict:
+    out = {"mib": _mib(m.group("n"), None), "limit_mib": _mib(m.group("lim"), None)}
+    if m.group("dev"):
+        out["device_name"] = m.group("dev")
     return out
 
 
@@ -933,6 +942,19 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"not enough Metal memory for KV cache"), "metal",
             "vllm-project/vllm-metal worker (_validate_paged_attention_plan)", phase="memory_budget", engine="vllm",
             read=lambda m: _metal_plan(m.string)),
+    # -- the TPU runtime loading a compiled program: "RuntimeProgramAllocationFailure: Error loading program
+    #    'jit__forward': Attempting to allocate 1.13G. That was not possible. There are 528.72M free." (tpu-inference
+    #    2026) and "RESOURCE_EXHAUSTED: Error loading program: Attempting to reserve 1.04G at the bottom of memory. That
+    #    was not possible." (vLLM TPU 2025): the program's own buffers (its temporaries), not weights nor KV
+    OomRule("xla-program-load", ("Error loading program",),
+            re.compile(r"Error loading program\b.{0,200}?Attempting to (?:reserve|allocate) [\d.]+[KMGT]"), None,
+            "XLA TPU runtime (vllm#16521, vllm-project/tpu-inference#3408)", phase="compute_buffer",
+            read=lambda m: _xla(m.string)),
+    # -- the same runtime allocating a device buffer: "Error allocating device buffer: Attempting to allocate 896.00M.
+    #    That was not possible. There are 295.08M free." (the step that asked is in the traceback, if anywhere)
+    OomRule("xla-not-possible", ("That was not possible",),
+            re.compile(r"Attempting to (?:reserve|allocate) [\d.]+[KMGT]i?B?\b.{0,120}?That was not possible"), None,
+            "XLA TPU runtime (vllm#20644, transformers#22328)", read=lambda m: _xla(m.string)),
     # -- XLA (TPU; JAX / PyTorch-XLA under vLLM): absl status RESOURCE_EXHAUSTED with XLA's memory words
     OomRule("xla-resource-exhausted", ("RESOURCE_EXHAUSTED",),
             re.compile(r"RESOURCE_EXHAUSTED\b.{0,300}?(?:[Oo]ut of memory|Attempting to reserve|[Aa]llocat|memory space)"),
@@ -942,9 +964,13 @@ RULES: tuple[OomRule, ...] = (
     # -- MLC-LLM's own check before it allocates (mlc-llm#2791): "Insufficient GPU memory error: The available single
     #    GPU memory is 19314.976 MB, which is less than the sum of model weight size (...) and temporary buffer size"
     OomRule("mlc-insufficient-gpu-memory", ("Insufficient GPU memory error",),
-            re.compile(r"Insufficient GPU memory error: The available single GPU memory is (?P<free>[\d.]+) ?MB"),
-            None, "mlc-llm serve engine's memory estimate (mlc-llm#2791)", phase="memory_budget",
-            read=lambda m: {"free_mib": float(m.group("free"))}),
+            re.compile(r"Insufficient GPU memory error: The available single GPU memory is (?P<free>[\d.]+) ?MB"
+                       r"(?:, which is less than the sum of model weight size \((?P<w>[\d.]+) ?MB\) and temporary buffer "
+                       r"size \((?P<t>[\d.]+) ?MB\))?"),
+            None, "mlc-llm serve engine's memory estimate (mlc-llm#2791, #3024; its MB are MiB: the available figure is "
+            "gpu_memory_utilization x the card's MiB)", phase="memory_budget",
+            read=lambda m: {"free_mib": float(m.group("free")),
+                            **({"mib": float(m.group("w")) + float(m.group("t"))} if m.group("w") else {})}),
     # -- LM Studio's model-loading guardrails refuse a load from their own estimate (lmstudio-bug-tracker#484, #1038,
     #    #1202, #1562): "Model loading aborted due to insufficient system resources" (2025, from
     #    guardrailHasEnoughResourcesForModelOrThrow), "Model loading was stopped due to insufficient system resources.
@@ -984,21 +1010,49 @@ RULES: tuple[OomRule, ...] = (
     OomRule("exllama-split-space", ("Insufficient space in device allocation",),
             re.compile(r"Insufficient space in device allocation"), None, "exllamav2 model.py (manual gpu_split)",
             phase="memory_budget"),
+    # -- one buffer over a backend's per-buffer cap, in the words of a size check: ggml-hexagon ("HTP0:0 buffer size
+    #    556236800 exceeds max_bufsize 268435456", llama.cpp#29123), wgpu ("Buffer size 1073741824 is greater than the
+    #    maximum buffer size (268435456)"): bytes, the device name first when the backend prints one
+    OomRule("buffer-over-max-size", ("exceeds max", "than the maximum buffer size", "exceeds the maximum"),
+            re.compile(r"(?i:(?:(?P<dev>\b[A-Z][\w]*\d(?::\d+)?) )?buffer size (?P<n>\d+) (?:exceeds|is (?:greater|larger) "
+                       r"than) (?:the )?max(?:imum)?[ _]?(?:buf(?:fer)?[ _]?size|alloc(?:ation)?[ _]?size|buffer length)"
+                       r"\W{0,3}(?P<lim>\d+))"), None,
+            "ggml-hexagon (llama.cpp#29123); wgpu Device::create_buffer", read=_over_max),
+    # -- tt-metal (Tenstorrent) placing a program's circular buffers in a core's L1 SRAM (program.cpp): "Statically
+    #    allocated circular buffers on core range [...] grow to 2292704 B which is beyond max L1 size of 1499136 B":
+    #    a kernel's working buffers over the fixed per-core size (tt-inference-server#225)
+    OomRule("tt-metal-l1-circular-buffers", ("which is beyond max",),
+            re.compile(r"grow to (?P<n>\d+) B which is beyond max \w+ size of (?P<lim>\d+) B"), None,
+            "tt-metal program.cpp (tenstorrent/tt-inference-server#225)", phase="compute_buffer",
+            read=lambda m: {"mib": _mib(m.group("n"), None), "limit_mib": _mib(m.group("lim"), None)}),
+    # -- a planner's own budget check before it allocates: FreeToken (2026) "AssertionError: cache budget too small:
+    #    minimum plan (moe=1024 slots, kv=128 pages) needs 3046637568 B > budget -1868787708 B (raise memory_ratio,
+    #    lower kv_reserve_tokens, or free GPU memory)" (bytes; the budget is what is left after the weights)
+    OomRule("plan-over-budget", ("budget too small", "> budget"),
+            re.compile(r"(?i:\bbudget too small\b.{0,200}?needs? (?P<n>-?\d+) ?(?:B|bytes) ?> ?budget (?P<b>-?\d+) ?(?:B|bytes)"
+                       r"|\bneeds? (?P<n2>-?\d+) ?(?:B|bytes) ?> ?budget (?P<b2>-?\d+) ?(?:B|bytes)\b)"), None,
+            "FlashML-org/FreeToken#409 (its cache planner)", phase="memory_budget",
+            read=lambda m: {"mib": _mib(m.group("n") or m.group("n2"), None),
+                            "free_mib": _mib(m.group("b") or m.group("b2"), None)}),
     # -- the net: any other line in the words of a memory failure (format not fully understood)
-    OomRule("memory-words", ("out of memory", "Out of memory", "OUT OF MEMORY", "OutOfMemory", "OUT_OF_MEMORY",
-                             "out-of-memory", "Out Of Memory", "insufficient memory", "Insufficient memory",
-                             "Insufficient Memory", "not enough memory", "Not enough memory", "NOT ENOUGH MEMORY",
-                             "failed to allocate", "Failed to allocate", "unable to allocate", "Unable to allocate",
-                             "could not allocate", "Could not allocate", "allocation failed", "Allocation failed",
-                             "memory allocation", "Memory allocation", "more system memory", "requires more memory",
+    OomRule("memory-words", (*case_variants("out of memory", "out-of-memory", "insufficient memory", "not enough memory",
+                                            "failed to allocate", "unable to allocate", "could not allocate",
+                                            "cannot allocate", "couldn't allocate", "can't allocate",
+                                            "allocation failed", "memory allocation",
+                                            "not enough space to allocate", "memory limit exceeded",
+                                            "memory limit exceeds"),
+                             "OutOfMemory", "OUT_OF_MEMORY", "more system memory", "requires more memory",
                              "memory object", "Malloc failed", "GPU resources", "sufficient memory", "not fit in",
-                             "OOM", "oom", "memory limit exceeded", "Memory limit exceeded", "memory limit exceeds"),
+                             "OOM", "oom"),
             re.compile(r"(?i:out[ _-]?of[ _-]?memory|insufficient[ _]memory|not enough (?:\w+ )?memory|"
                        # a guard's own limit ("Request aborted: process memory limit exceeded (usage 26.7 GB ...)",
                        # oMLX; "Memory limit exceeded during prefill")
                        r"memory limit exceed(?:ed|s)\b|"
                        r"(?:could not|failed to|unable to) create (?:a )?memory object|"
-                       r"(?:failed|unable|could not|cannot) to allocate|(?:memory )?allocation failed|"
+                       r"(?:failed|unable) to allocate|(?:could ?not|couldn't|cannot|can't) allocate|(?:memory )?allocation failed|"
+                       # tt-metal's allocator (TT_FATAL: "Out of Memory: Not enough space to allocate 1879048192 B DRAM
+                       # buffer across 8 banks")
+                       r"not enough space to allocate|"
                        r"memory allocation (?:of \d+ bytes )?failed|requires more (?:system )?memory|"
                        r"(?:cuda|hip)Malloc failed|out of (?:gpu|device) resources|"
                        # a planner that found no place ("No cycles found with sufficient memory", EXO's placement)
@@ -1026,7 +1080,9 @@ STAGES = (
       "CacheEngine(", "_create_buffers", "kv_buffer = ", "k_buffer = ", "v_buffer = ", "key_buffer = ",
       "value_buffer = ", "allocate_gpu_cache",
       # exllamav2's cache (cache.py ExLlamaV2Cache.create_state_tensors: "p_key_states = torch.zeros(...)")
-      "create_state_tensors", "p_key_states"), "kv_cache"),
+      "create_state_tensors", "p_key_states",
+      # candle-based engines (vllm.rs runner.rs ModelRunner::init_kv_cache; a Rust backtrace frame)
+      "::init_kv_cache"), "kv_cache"),
     # (TurboMind's create_model_instance allocates its KV block pool and more buffers besides: the corpus's labellers
     # leave an OOM there unplaced, ce-007 / go-003, so it is not a stage here)
     # transformers' from_pretrained (_load_pretrained_model) and safetensors' loader (safetensors/torch.py load_file,
@@ -1134,6 +1190,12 @@ FATAL = OomRule(
                     "887A0005", "887A0006", "DXGI_ERROR_DEVICE_", "NVRM: Xid", "[gfxhub", "VM_L2_PROTECTION_FAULT",
                     # an app's or Ollama's words for a load or runner that died
                     "Failed to load LLM", "runner crashed",
+                    # a wrapper's own words for a load that failed (GenieX "Oops. Model failed to load.", Ollama 2026
+                    # "model failed to load, this may be due to resource limitations")
+                    "odel failed to load",
+                    # a wrapper whose engine process died (text-generation-webui: "Error loading the model with
+                    # llama.cpp: Server process terminated unexpectedly with exit code: -4")
+                    "terminated unexpectedly",
                     # Rust's panics (TGI's router, mistral.rs, candle), a missing library, a driver older than the runtime
                     "panicked at", "error while loading shared libraries", "driver version is insufficient",
                     # an HTTP 500 as a client relays it (Open WebUI: "500: Ollama: 500, message='Internal Server
@@ -1165,7 +1227,7 @@ FATAL = OomRule(
                r"(?:^(?:\S+ ){0,3}?|\] )\w*(?:Error|Exception): |^\W{0,3}error: |\b(?:CUDA|SYCL|CANN|HIP|ROCm|MUSA) error\b|"
                + _WINDOWS_CRASH_RX + r"|"
                r"\b887A000[56]\b|DXGI_ERROR_DEVICE_(?:REMOVED|HUNG|RESET)|NVRM: Xid \(|amdgpu[ :][^\[\n]{0,40}\[gfxhub\S*\] page fault|"
-               r"Failed to load LLM\b|\brunner crashed\b|\bpanicked at\b|error while loading shared libraries|"
+               r"Failed to load LLM\b|\brunner crashed\b|\b[Mm]odel failed to load\b|\bterminated unexpectedly\b|\bpanicked at\b|error while loading shared libraries|"
                r"driver version is insufficient|Internal Server Error|encountered an error while trying to fit params|"
                r"VM_L2_PROTECTION_FAULT|backend is in error state|\bCrashLoopBackOff\b|Back-off restarting failed container|"
                r"\bFailed to load the model\b|exited before becoming healthy|"
@@ -1236,8 +1298,8 @@ _LOG_LEVEL_INFO = re.compile(r"(?:^|[\s\[\]|)])(?:INFO|DEBUG|level=INFO|level=DE
 _NET_SIZE_PAREN = re.compile(r"(?i)alloc\w* failed for [^()\n]{0,60}\(([\d.]+) ?([KMGT]i?B)\b")
 """ds4's "ROCm model arena alloc failed for tensor-span:128 (1792.00 MiB chunk)": the size in parentheses."""
 _NET_SIZE = re.compile(r"(?i)allocat\w*\s+(?:(?:memory for requested buffer of size|request for)\s+)?"
-                       r"(\d{1,3}(?:,\d{3})+|[\d.]+)\s*([KMGT]i?B\b|bytes\b|(?=[\s.,;)]|$))")
-_NOT_FAILURES = re.compile(r"(?i)\b(?:not an? (?:oom|out[ _-]of[ _-]memory)|to avoid|avoid(?:s|ing)? (?:an? )?(?:oom|out of memory)|may run out|might run out|"
+                       r"(\d{1,3}(?:,\d{3})+|[\d.]+)\s*([KMGT]i?B\b|bytes\b|B\b|(?=[\s.,;)]|$))")
+_NOT_FAILURES = re.compile(r"(?i)\b(?:not an? (?:oom|out[ _-]of[ _-]memory)|to avoid|avoid(?:s|ing)? (?:an? )?(?:[\w-]+ ){0,2}?(?:oom|out of memory)|may run out|might run out|"
                            r"if you (?:run|get|see)|reduce .{0,40}to prevent|--help|usage:|prevent oom|oom[ _-]?(?:score|adj))")
 _PROSE_NOT_FAILURE = re.compile(
     r"(?i:\bno (?:more )?(?:oom|out[ _-]of[ _-]memory|['\"]?failed to allocate)|\bused to (?:get|see|hit|have)\b|"
@@ -1295,10 +1357,22 @@ def _net_data(line: str) -> dict | None:
     5.16 GiB"); None for advice, usage text, or an INFO/DEBUG record that only mentions memory errors."""
     if _NOT_FAILURES.search(line) or _LOG_LEVEL_INFO.search(line[:120]):
         return None
+    out = {}
+    buf = _NET_BUFFER.search(line)
+    if buf:
+        out["phase"] = _NET_BUFFER_PHASE[buf.group(1).lower()[:2]]
     size = _NET_SIZE.search(line) or _NET_SIZE_PAREN.search(line)
     if not size or (not size.group(2) and "buffer of size" not in size.group(0)):
-        return {}  # a bare number is bytes only after "buffer of size" (ONNX Runtime's arena)
-    return {"mib": _mib(size.group(1).replace(",", ""), size.group(2) if size.group(2) != "bytes" else None)}
+        return out  # a bare number is bytes only after "buffer of size" (ONNX Runtime's arena)
+    out["mib"] = _mib(size.group(1).replace(",", ""), size.group(2) if size.group(2) not in ("bytes", "B") else None)
+    return out
+
+
+_NET_BUFFER = re.compile(r"(?i)\balloc\w*\s+(?:(?:memory|space|the|a|persistent|device|host|gpu)\s+){0,3}"
+                         r"(?:for\s+(?:the\s+)?)?(weights?|kv[ _-]?cache|compute|graph)\b")
+"""An allocation the line itself names the buffer of ("Could not allocate persistent weights buffer!", QNN ExecuTorch;
+"unable to allocate memory for the KV cache"; "failed to allocate compute buffer"): that buffer's phase."""
+_NET_BUFFER_PHASE = {"we": "model_weights", "kv": "kv_cache", "co": "compute_buffer", "gr": "compute_buffer"}
 
 
 _WORDS = KeywordSet(KEYWORDS)
@@ -1327,7 +1401,8 @@ def stage_of(line: str, present: frozenset[str] | None = None) -> str | None:
             if not present.isdisjoint(words):
                 # a step reported as finished ("Loading model weights took 16.96 GB", "Model loading took ...") is
                 # not the step an error after it came in
-                return None if phase == "model_weights" and " took " in line else phase
+                # (nor is a progress bar at its end: "Loading weights: 100%|██████████| 206/206")
+                return None if (phase == "model_weights" and " took " in line) or "100%|" in line else phase
     return None
 
 
@@ -1412,7 +1487,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
             break
     stage = stage_of(line, present)
     if stage:
-        _stage_after(f, stage, lineno)
+        _stage_after(f, stage, lineno, 40 if _RUST_FRAME.search(line) else None)
         f.py_stage = stage
         if not present.isdisjoint(STAGES[0][0]):
             f.graph_capture = True
@@ -1431,7 +1506,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
         backend = _rule_backend(rule, m, data, line)
         if rule.engine:  # a format only one engine prints names it
             f.engine_hints[rule.engine] += 2 if rule.engine != "llama.cpp" else 1
-        f.add_event("oom", lineno, line, rule=rule.id, backend=backend, phase=rule.phase, engine=rule.engine,
+        f.add_event("oom", lineno, line, rule=rule.id, backend=backend, phase=data.pop("phase", rule.phase), engine=rule.engine,
                     generic=rule.generic, memory=rule.memory, py_stage=f.py_stage or None,
                     **({"warn": True} if rule.warn or (rule.generic and _SELF_RECOVERY.search(line)) else {}), **data)
         return
@@ -1440,13 +1515,20 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
                     engine=None, generic=True, memory=False)
 
 
-def _stage_after(f: LogFacts, stage: str, lineno: int) -> None:
+_RUST_FRAME = re.compile(r"(?:^|\| )\s{0,8}\d{1,3}: <?[A-Za-z_]\w*::")
+"""A frame of a Rust backtrace (std's or color-eyre's: "   4: vllm_rs::core::runner::ModelRunner::init_kv_cache"),
+printed innermost first AFTER the error line (candle's "Error: DriverError(CUDA_ERROR_OUT_OF_MEMORY, ...)"): the first
+frame that names a step places the error, however deep the frames above it."""
+
+
+def _stage_after(f: LogFacts, stage: str, lineno: int, window: int | None = None) -> None:
     """A step named just after an OOM that no step placed: multi-process engines print one worker's exception and
     then another's "Exception in worker ... while processing method start_worker_execution_loop" (vLLM V0) or its
     traceback frames, so the step comes after the OOM line: at most 3 lines after, or 10 when the OOM was raised
-    first and its chained traceback follows ("The above exception was the direct cause of the following exception")."""
+    first and its chained traceback follows ("The above exception was the direct cause of the following exception"),
+    or ``window`` lines (a Rust backtrace's frames, :data:`_RUST_FRAME`)."""
     for ev in reversed(f.events[-3:]):
-        if lineno - ev["lineno"] > (10 if ev.get("chained") else 3):
+        if lineno - ev["lineno"] > (window or (10 if ev.get("chained") else 3)):
             return
         if ev["kind"] == "engine" and ev.get("torch_oom") and ev.get("phase") == "unknown":
             ev["phase"] = stage
