@@ -72,6 +72,17 @@ EXAMPLES = [
     ("memory-words", "[ERROR] [Qnn ExecuTorch]:  <E> Could not allocate persistent weights buffer!", None,
      "model_weights"),
     ("memory-words", "couldn't allocate memory for the KV cache", None, "kv_cache"),
+    # Habana's PT bridge (tgi-gaudi#216); llama.h's KV-slot text as Ollama 0.4 relays it (ollama#7545); on-device
+    # runtimes refusing a request over their KV cache (torchchat#1395, flutter_gemma#62)
+    ("habana-pt-devmem", "[Rank:0] FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for size::1073741824 (1024)MB",
+     None, "unknown"),
+    ("kv-slot-batch", 'ERROR source=runner.go:426 msg="failed to decode batch" error="could not find a KV slot for the '
+                      'batch - try reducing the size of the batch or increase the context. code: 1"', None,
+     "kv_capacity"),
+    ("on-device-seq-over-cache", "In function generate(), assert failed (num_prompt_tokens < metadata_.at(kMaxSeqLen)):"
+                                 " num_prompt_tokens 140 >= max_seq_len_ 128, Max seq length exceed", None, "kv_capacity"),
+    ("on-device-seq-over-cache", "Max number of tokens is larger than the maximum cache size supported: 32000 > 2048",
+     None, "kv_capacity"),
     # the TPU runtime (vllm#16521, vllm-project/tpu-inference#3408, vllm#20644)
     ("xla-program-load", "RuntimeProgramAllocationFailure: Error loading program 'jit__forward': Attempting to "
                          "allocate 1.13G. That was not possible. There are 528.72M free.", None, "compute_buffer"),

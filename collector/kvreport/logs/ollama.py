@@ -44,14 +44,16 @@ def _mib(text: str | None) -> float | None:
     return int(text) / 1048576.0 if text.isdigit() and len(text) > 6 else None
 
 
-_GO_SOURCE = re.compile(r"\blevel=(?:INFO|WARN|ERROR|DEBUG) source=\w+\.go:\d+")
+_GO_SOURCE = re.compile(r"\blevel=(?:INFO|WARN|ERROR|DEBUG) source=\w+\.go:\d+|\bsource=\w+\.go:\d+ msg=")
 _UNIT = re.compile(r"\bollama\[\d+\]: ")
 """journald's prefix of the Ollama unit's lines ("Jan 28 10:14:55 host ollama[2231]: ...")."""
 
 
 def _hints(f: LogFacts, line: str, lineno: int) -> bool:
-    if "level=" in line and "source=" in line and ("msg=" in line or _GO_SOURCE.search(line)):
-        f.engine_hints["ollama"] += 3  # (Go's slog record; "source=llama_server.go:611" alone when a paste split it)
+    if "source=" in line and (("level=" in line and "msg=" in line) or _GO_SOURCE.search(line)):
+        # (Go's slog record; "source=llama_server.go:611" alone when a paste split it, or a record whose "level="
+        # was dropped: "ERROR source=runner.go:426 msg=...", ollama#7545)
+        f.engine_hints["ollama"] += 3
     # "llama runner process has terminated" (2024-25) and "llama-server process has terminated" (2026,
     # llm/llama_server.go): Ollama's words for its runner subprocess
     if "llama runner" in line or "llama-server process" in line or "OLLAMA_" in line or _WORD.search(line):

@@ -675,6 +675,24 @@ RULES: tuple[OomRule, ...] = (
     OomRule("kv-slot-ollama", ("could not find a kv cache slot", "could not find a KV cache slot"),
             re.compile(r"(?i:could not find a kv cache slot)"), None, "Ollama runner kvcache/causal.go (2024-2026)",
             phase="kv_capacity", engine="ollama"),
+    # -- llama_decode's return value 1 in llama.h's own words, as a binding relays it (Ollama 0.4's Go runner,
+    #    runner.go "failed to decode batch" error="could not find a KV slot for the batch - try reducing the size of
+    #    the batch or increase the context. code: 1", ollama#7545): the KV cache is full
+    OomRule("kv-slot-batch", ("KV slot for the batch", "kv slot for the batch"),
+            re.compile(r"(?i:could not find a kv slot for the batch)"), None,
+            "llama.cpp llama.h (llama_decode return 1) as Ollama 0.4's runner.go relays it (ollama#7545)",
+            phase="kv_capacity"),
+    # -- on-device runtimes refusing a request longer than the KV cache they were exported or built with: ExecuTorch's
+    #    runner ("assert failed (num_prompt_tokens < metadata_.at(kMaxSeqLen)): num_prompt_tokens 140 >= max_seq_len_
+    #    128, Max seq length exceed", torchchat#1395), MediaPipe LLM inference ("Max number of tokens is larger than
+    #    the maximum cache size supported: 32000 > 2048", flutter_gemma#62)
+    OomRule("on-device-seq-over-cache", ("Max seq length exceed", "maximum cache size supported"),
+            re.compile(r"num_prompt_tokens (?P<n>\d+) >= max_seq_len_? (?P<lim>\d+)|"
+                       r"larger than the maximum cache size supported: (?P<n2>\d+) > (?P<lim2>\d+)"), None,
+            "ExecuTorch extension/llm runner (torchchat#1395); MediaPipe LLM inference (flutter_gemma#62)",
+            phase="kv_capacity",
+            read=lambda m: {"tokens": int(m.group("n") or m.group("n2")),
+                            "limit_tokens": int(m.group("lim") or m.group("lim2"))}),
     # -- llama-server (2025+) refuses a request longer than the slot's context: error JSON "request (N tokens) exceeds
     #    the available context size (M tokens), try increasing it", "type":"exceed_context_size_error"
     OomRule("llama-server-exceed-context", ("exceed_context_size_error", "exceeds the available context size",
@@ -942,6 +960,12 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"not enough Metal memory for KV cache"), "metal",
             "vllm-project/vllm-metal worker (_validate_paged_attention_plan)", phase="memory_budget", engine="vllm",
             read=lambda m: _metal_plan(m.string)),
+    # -- Habana Gaudi's PyTorch bridge (HPU): "FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for
+    #    size::1073741824 (1024)MB" (bytes, then MiB in parentheses; tgi-gaudi#216, optimum-habana#1708,
+    #    intel/llm-on-ray#249)
+    OomRule("habana-pt-devmem", ("PT_DEVMEM Allocation failed",),
+            re.compile(r"PT_DEVMEM Allocation failed for size::(?P<n>\d+)"), None,
+            "Habana PT bridge (tgi-gaudi#216, optimum-habana#1708)", read=lambda m: {"mib": _mib(m.group("n"), None)}),
     # -- the TPU runtime loading a compiled program: "RuntimeProgramAllocationFailure: Error loading program
     #    'jit__forward': Attempting to allocate 1.13G. That was not possible. There are 528.72M free." (tpu-inference
     #    2026) and "RESOURCE_EXHAUSTED: Error loading program: Attempting to reserve 1.04G at the bottom of memory. That
@@ -1100,7 +1124,10 @@ STAGES = (
       # 423] Error Code 2: OutOfMemory", TensorRT-LLM engine builds)
       "globWriter.cpp",
       # TurboMind's weights (lmdeploy/turbomind/turbomind.py _create_weight_func: model_comm.create_shared_weights)
-      "create_shared_weights", "_create_weight_func"), "model_weights"),
+      "create_shared_weights", "_create_weight_func",
+      # vLLM's layers allocate their weight parameters at model init (model_executor/layers/linear.py create_weights:
+      # "Failed to create unquantized linear weights: CUDA out of memory", 2025+, and the traceback frame)
+      "in create_weights", "linear weights:"), "model_weights"),
     # mlx-lm / mlx-vlm / LM Studio's mlx_engine (generate.py, server.py): evaluating the prompt cache's state is the
     # KV cache; prefill steps and generation are activations
     (("prompt_cache", "prompt cache"), "kv_cache"),
@@ -1112,6 +1139,9 @@ STAGES = (
     ((", in forward", "generate_token", "Request failed during generation", ":prefill", "prefill{", "decode{",
       # vLLM's serving loop (V0 worker start_worker_execution_loop, V1 execute_model): a request's forward pass
       "start_worker_execution_loop", "in execute_model", "async_llm_engine", "Engine loop is not running",
+      # V0's model runner wraps a forward-pass error ("Error in model execution (input dumped to /tmp/err_...pkl)",
+      # worker/model_runner_base.py dump_input_when_exception)
+      "Error in model execution",
       # uvicorn's "Application startup complete." / "Uvicorn running on": a Python server (vLLM, SGLang, LightLLM,
       # llama-cpp-python) loads its model and pools before it serves; an OOM after it came in serving
       "Application startup complete", "Uvicorn running on",
@@ -1295,8 +1325,9 @@ _CURRENT_DEVICE = re.compile(r"current device: (\d+)(?:, in function (\w+))?")
 _LOG_LEVEL_INFO = re.compile(r"(?:^|[\s\[\]|)])(?:INFO|DEBUG|level=INFO|level=DEBUG)\b")
 # "allocating 5.16 GiB", "allocating 2,147,483,648 bytes" (CuPy), "trying to allocate 17179869184 bytes" (XLA),
 # "allocate memory for requested buffer of size 939524096" (ONNX Runtime's arena: bytes)
-_NET_SIZE_PAREN = re.compile(r"(?i)alloc\w* failed for [^()\n]{0,60}\(([\d.]+) ?([KMGT]i?B)\b")
-"""ds4's "ROCm model arena alloc failed for tensor-span:128 (1792.00 MiB chunk)": the size in parentheses."""
+_NET_SIZE_PAREN = re.compile(r"(?i)alloc\w* failed(?: for [^()\n]{0,60})? \(([\d.]+) ?([KMGT]i?B)\b")
+"""ds4's "ROCm model arena alloc failed for tensor-span:128 (1792.00 MiB chunk)", "CUDA q8 fp16 cache alloc failed
+(64.00 MiB): out of memory": the size in parentheses."""
 _NET_SIZE = re.compile(r"(?i)allocat\w*\s+(?:(?:memory for requested buffer of size|request for)\s+)?"
                        r"(\d{1,3}(?:,\d{3})+|[\d.]+)\s*([KMGT]i?B\b|bytes\b|B\b|(?=[\s.,;)]|$))")
 _NOT_FAILURES = re.compile(r"(?i)\b(?:not an? (?:oom|out[ _-]of[ _-]memory)|to avoid|avoid(?:s|ing)? (?:an? )?(?:[\w-]+ ){0,2}?(?:oom|out of memory)|may run out|might run out|"

@@ -19,6 +19,9 @@ KEYWORDS = ("vLLM", "vllm", "KV cache", "max seq len", "gpu_memory_utilization",
             # V0's scheduler (core/scheduler.py _preempt): "Sequence group 221 is preempted by
             # PreemptionMode.RECOMPUTE mode because there is not enough KV cache space" (a warning; it carries on)
             "PreemptionMode.",
+            # V0's model runner on a forward-pass error (worker/model_runner_base.py): "Error in model execution (input
+            # dumped to /tmp/err_execute_model_input_20241119-...pkl): CUDA out of memory. ..."
+            "input dumped to",
             "Vllm")  # worker prefixes: "(RayWorkerVllm pid=...)", "(VllmWorkerProcess pid=...)"
 
 # vllm/logger.py: "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s" with "%m-%d %H:%M:%S" (2024+;
@@ -80,7 +83,7 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
     if "vllm_rs" in line or "vllm-rs" in line or "KVCache" in line or ("Available:" in line and "Required:" in line):
         _feed_vllm_rs(f, line, lineno)
         return
-    if "vllm" in line.lower() or "EngineCore" in line or "PreemptionMode." in line or ".py:" in line and _LOGGER.search(line):
+    if "vllm" in line.lower() or "EngineCore" in line or "PreemptionMode." in line or "input dumped to" in line or ".py:" in line and _LOGGER.search(line):
         f.engine_hints["vllm"] += 2
     m = _PLATFORM.search(line) if "detected platform" in line else None
     if m:  # vllm/platforms/__init__.py (0.7+): "Automatically detected platform cuda."
