@@ -412,6 +412,10 @@ FORK_MIN = 64 << 20
 child process while this one parses: the two halves of the work run on two cores."""
 
 
+FLUSH_BYTES = 4 << 20
+"""The child sends its records on as soon as they cover this many more bytes of the file."""
+
+
 def _segments_forked(segments):
     """The records of the generator ``segments()`` (:func:`_segments`, :func:`_grep_segments`) computed by a forked
     child and read from a pipe. Raises OSError when the child fails."""
@@ -426,10 +430,15 @@ def _segments_forked(segments):
         try:
             os.close(r)
             with os.fdopen(w, "wb", buffering=1 << 16) as out:
-                count = 0
+                count = flushed = 0
                 for rec in segments():
                     out.write(_REC.pack(*rec))
                     count += 1
+                    if rec[1] - flushed >= FLUSH_BYTES:
+                        # hand the parent what it can parse now: a buffer that waits for 2,730 records would keep
+                        # a log of few, long runs from the parent until this child is done (no overlap at all)
+                        out.flush()
+                        flushed = rec[1]
                 out.write(_REC.pack(-1, count, 0))
             code = 0
         finally:
