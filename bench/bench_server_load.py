@@ -1,7 +1,7 @@
 """Server scale bench (issue 7): load N bundles (default 200,000) over S signatures (default 2,000)
 into a fresh PostgreSQL database, then time the clusters page and cluster pages over HTTP.
 
-    .venv/bin/python bench/bench_server_load.py [--bundles 200000] [--signatures 2000] [--requests 200]
+    .venv/bin/python bench/bench_server_load.py [--bundles 200000] [--signatures 2000] [--requests 200] [--sqlite]
 
 Bundles are made from the shared real cases (their log excerpts, commands, devices) and diagnosed
 once per case with the real analyzer; each generated bundle gets its own id, machine, GPU, model,
@@ -10,7 +10,7 @@ of the cases, fanned out with a variant suffix to reach S). Rows, counters, face
 counts are bulk-loaded with the same functions the upload path uses (analysis.bundle_facts /
 facets); tests/server/test_store.py checks that the upload path's counters equal a full scan.
 Pages are served by waitress in this process on 127.0.0.1 and fetched with requests, one at a
-time. Writes bench/out/server_load.json. Loopback only; the database is dropped at the end
+time. Writes bench/out/server_load_<database>_<bundles>.json. Loopback only; the database is dropped at the end
 (--keep to keep it).
 """
 
@@ -31,11 +31,11 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "server"))
+sys.path[:0] = [str(ROOT / "tests" / "server"), str(ROOT)]
 
 import psycopg  # noqa: E402
 import requests  # noqa: E402
-from sqlalchemy import insert  # noqa: E402
+from sqlalchemy import create_engine, insert, text  # noqa: E402
 
 from kvreport_server import analysis, create_app, migrate  # noqa: E402
 from kvreport_server.db import Database  # noqa: E402
@@ -170,7 +170,8 @@ def bulk_load(db: Database, tmpls, keys, n_bundles: int, seed: int = 7) -> dict:
         conn.exec_driver_sql("INSERT INTO engine_builds (engine, build_number, count) "
                              "SELECT engine_name, build_number, count(*) FROM bundles WHERE engine_name IS NOT NULL "
                              "AND build_number IS NOT NULL GROUP BY engine_name, build_number")
-        conn.exec_driver_sql(f"SELECT setval('clusters_id_seq', {len(keys)})")
+        if conn.dialect.name == "postgresql":  # (SQLite's INTEGER PRIMARY KEY follows max(id) by itself)
+            conn.exec_driver_sql(f"SELECT setval('clusters_id_seq', {len(keys)})")
         conn.exec_driver_sql("ANALYZE")
     print(file=sys.stderr)
     return {"load_s": round(time.perf_counter() - t0, 1), "clusters_used": len(agg), "facet_rows": len(facets),
@@ -196,21 +197,32 @@ def regression_costs(url: str, n: int) -> dict:
     """The regression view's "bundles from earlier builds" for the 10 clusters whose first build is the
     newest (its worst case): the sum over ``engine_builds`` the page reads, and, as the baseline in the
     same run, the count over ``bundles`` it read before migration 0006. Milliseconds per query."""
-    with psycopg.connect(url.replace("+psycopg", "")) as conn:
-        newest = conn.execute("SELECT engine, min_build FROM clusters WHERE min_build IS NOT NULL "
-                              "ORDER BY min_build DESC LIMIT 10").fetchall()
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        newest = conn.execute(text("SELECT engine, min_build FROM clusters WHERE min_build IS NOT NULL "
+                                   "ORDER BY min_build DESC LIMIT 10")).fetchall()
         out = {}
         for label, sql in (("regression_engine_builds", "SELECT coalesce(sum(count), 0) FROM engine_builds "
-                                                        "WHERE engine = %s AND build_number < %s"),
+                                                        "WHERE engine = :e AND build_number < :b"),
                            ("regression_count_bundles", "SELECT count(*) FROM bundles "
-                                                        "WHERE engine_name = %s AND build_number < %s")):
+                                                        "WHERE engine_name = :e AND build_number < :b")):
             ms = []
+            q = text(sql)
             for i in range(n):
+                e, b = newest[i % len(newest)]
                 t0 = time.perf_counter()
-                conn.execute(sql, newest[i % len(newest)]).fetchone()
+                conn.execute(q, {"e": e, "b": b}).fetchone()
                 ms.append((time.perf_counter() - t0) * 1000)
             out[label] = stats(ms)
+    engine.dispose()
     return out
+
+
+def db_size_mib(url: str, sqlite_path: Path | None) -> float:
+    if sqlite_path is not None:
+        return round(sqlite_path.stat().st_size / 2**20, 1)
+    with psycopg.connect(url.replace("+psycopg", "")) as conn:
+        return round(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0] / 2**20, 1)
 
 
 def main(argv=None) -> int:
@@ -220,14 +232,21 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--keep", action="store_true", help="keep the database")
     ap.add_argument("--reuse", metavar="NAME", help="time the pages of a database kept by an earlier --keep run")
+    ap.add_argument("--sqlite", action="store_true", help="a SQLite file under bench/out instead of PostgreSQL")
     args = ap.parse_args(argv)
 
     name = args.reuse or f"kvr_bench_{secrets.token_hex(4)}"
-    if not args.reuse:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    result = {"bundles": args.bundles, "signatures": args.signatures, "database": "postgresql"}
+    sqlite_path = (ROOT / "bench" / "out" / f"{name}.sqlite3") if args.sqlite else None
+    if sqlite_path is not None:
+        sqlite_path.parent.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{sqlite_path}"
+    else:
+        if not args.reuse:
+            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+                conn.execute(f'CREATE DATABASE "{name}"')
+        url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    result = {"bundles": args.bundles, "signatures": args.signatures,
+              "database": "sqlite" if sqlite_path is not None else "postgresql"}
     if args.keep or args.reuse:
         print(f"database {name} is kept", file=sys.stderr)
     try:
@@ -238,9 +257,7 @@ def main(argv=None) -> int:
             keys = make_keys(tmpls, args.signatures)
             result.update(bulk_load(db, tmpls, keys, args.bundles))
             db.dispose()
-        with psycopg.connect(url.replace("+psycopg", "")) as conn:
-            result["db_size_mib"] = round(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
-                                          / 2**20, 1)
+        result["db_size_mib"] = db_size_mib(url, sqlite_path)
         app = create_app({"DATABASE_URL": url, "LOG_REQUESTS": False, "SECRET_KEY": "bench"})
         from waitress import create_server
 
@@ -249,9 +266,11 @@ def main(argv=None) -> int:
         base = f"http://127.0.0.1:{server.effective_port}"
         s = requests.Session()
         rng = random.Random(11)
-        with psycopg.connect(url.replace("+psycopg", "")) as conn:  # the regression view's worst case
-            newest = [r[0] for r in conn.execute("SELECT id FROM clusters WHERE min_build IS NOT NULL "
-                                                 "ORDER BY min_build DESC LIMIT 10")]
+        eng = create_engine(url)
+        with eng.connect() as conn:  # the regression view's worst case
+            newest = [r[0] for r in conn.execute(text("SELECT id FROM clusters WHERE min_build IS NOT NULL "
+                                                      "ORDER BY min_build DESC LIMIT 10"))]
+        eng.dispose()
         for _ in range(10):  # warm-up
             timed(s, base + "/")
             timed(s, f"{base}/clusters/{rng.randint(1, args.signatures)}")
@@ -274,12 +293,17 @@ def main(argv=None) -> int:
             print(f"{label:24s} {figures}", file=sys.stderr)
         result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     finally:
-        if not (args.keep or args.reuse):
+        if args.keep or args.reuse:
+            pass
+        elif sqlite_path is not None:
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{sqlite_path}{suffix}").unlink(missing_ok=True)
+        else:
             with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "server_load.json").write_text(json.dumps(result, indent=1))
+    (out / f"server_load_{result['database']}_{args.bundles}.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
     return 0
 
