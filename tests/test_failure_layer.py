@@ -848,6 +848,13 @@ HUNT9 += [
      "llama_kv_cache:      CUDA0 KV buffer size =  4096.00 MiB\n"
      'time=2026-08-19T08:40:12.205Z level=INFO source=server.go:1310 msg="llama runner started in 5.29 seconds"',
      {"phase": "none"}),
+    # round 20 tuning share: a Java binding's uncaught JVM error after the context was made (java-llama.cpp#8), a
+    # wrapper whose server process died (text-generation-webui, wrapped), a wrapper's own load failure (GenieX)
+    ('Llama: Exception in thread "main" java.lang.Error: Invalid memory access\n'
+     "\tat de.kherud.llama.foreign.LlamaLibrary.llama_tokenize(Native Method)", {"phase": "unknown"}),
+    ("20:53:22-829894 ERROR    Error loading the model with llama.cpp: Server process\n"
+     "                         terminated unexpectedly with exit code: -4", {"phase": "unknown"}),
+    ("⚠️ Oops. Model failed to load.", {"phase": "unknown"}),
     # 2023 llama.cpp printed the KV size in lower case and "MB" (MiB)
     ("llama_new_context_with_model: kv self size  = 3200.00 MB\nCUDA error 2 at ggml-cuda.cu:6301: out of memory",
      {"backend": "cuda"}),

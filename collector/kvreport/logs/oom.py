@@ -1226,6 +1226,10 @@ FATAL = OomRule(
                     # a wrapper whose engine process died (text-generation-webui: "Error loading the model with
                     # llama.cpp: Server process terminated unexpectedly with exit code: -4")
                     "terminated unexpectedly",
+                    # the JVM's uncaught exception (a Java binding: 'Exception in thread "main" java.lang.Error:
+                    # Invalid memory access', java-llama.cpp#8) and an IDE's run console's end ("Process finished with
+                    # exit code 1")
+                    "Exception in thread \"", "Process finished with exit code",
                     # Rust's panics (TGI's router, mistral.rs, candle), a missing library, a driver older than the runtime
                     "panicked at", "error while loading shared libraries", "driver version is insufficient",
                     # an HTTP 500 as a client relays it (Open WebUI: "500: Ollama: 500, message='Internal Server
@@ -1257,7 +1261,9 @@ FATAL = OomRule(
                r"(?:^(?:\S+ ){0,3}?|\] )\w*(?:Error|Exception): |^\W{0,3}error: |\b(?:CUDA|SYCL|CANN|HIP|ROCm|MUSA) error\b|"
                + _WINDOWS_CRASH_RX + r"|"
                r"\b887A000[56]\b|DXGI_ERROR_DEVICE_(?:REMOVED|HUNG|RESET)|NVRM: Xid \(|amdgpu[ :][^\[\n]{0,40}\[gfxhub\S*\] page fault|"
-               r"Failed to load LLM\b|\brunner crashed\b|\b[Mm]odel failed to load\b|\bterminated unexpectedly\b|\bpanicked at\b|error while loading shared libraries|"
+               r"Failed to load LLM\b|\brunner crashed\b|\b[Mm]odel failed to load\b|\bterminated unexpectedly\b|"
+               r'Exception in thread "[^"]*" [\w.$]+: |Process finished with exit code [1-9]|\bpanicked at\b|'
+               r"error while loading shared libraries|"
                r"driver version is insufficient|Internal Server Error|encountered an error while trying to fit params|"
                r"VM_L2_PROTECTION_FAULT|backend is in error state|\bCrashLoopBackOff\b|Back-off restarting failed container|"
                r"\bFailed to load the model\b|exited before becoming healthy|"
