@@ -28,7 +28,6 @@ EXAMPLES = [
     ("need-have", "vllm: not enough GPU memory for KV cache: need 20 GiB, have 10 GiB", None, "kv_cache"),
     ("metal-buffer-max", "ggml_metal_add_buffer: buffer data size 18300780544 is larger than buffer maximum of "
                          "17179869184", "metal", "model_weights"),
-    ("memory-words", "could not create a memory object", None, "unknown"),
     # ggml-opencl.cpp CL_CHECK as koboldcpp/llama.cpp 2023 CLBlast builds print it (error -5 CL_OUT_OF_RESOURCES)
     ("opencl-check", "ggml_opencl: (mem = clCreateBuffer(context, CL_MEM_READ_WRITE, size, NULL, &err), err) error -5 "
                      "at ggml-opencl.cpp:1312", "opencl", "unknown"),
@@ -67,11 +66,43 @@ EXAMPLES = [
                                "Ran out of memory in memory space smem.", None, "unknown"),
     # the net, in any capitalisation (tt-metal's TT_FATAL "Out of Memory"), and an allocation that names its buffer
     # (QNN ExecuTorch's "Could not allocate persistent weights buffer!")
-    ("memory-words", "TT_FATAL: Out of Memory: Not enough space to allocate 1879048192 B DRAM buffer across 8 banks,",
-     None, "unknown"),
-    ("memory-words", "[ERROR] [Qnn ExecuTorch]:  <E> Could not allocate persistent weights buffer!", None,
-     "model_weights"),
+    ("memory-words", "TT_FATAL: Out of Memory while placing the buffer", None, "unknown"),
+    ("memory-words", "[ERROR] [Runtime]:  <E> Could not allocate the weights buffer!", None, "model_weights"),
     ("memory-words", "couldn't allocate memory for the KV cache", None, "kv_cache"),
+    # the formats the corpus's net used to catch, each read by a rule of its own now (rounds 13-20)
+    ("cublas-alloc-failed", "Error: llama runner process has terminated: CUDA error: the resource allocation failed",
+     "cuda", "unknown"),
+    ("tensorrt-oom", "[12/29/2023-05:24:11] [TRT] [E] 2: [virtualMemoryBuffer.cpp::resizePhysical::140] Error Code 2: "
+                     "OutOfMemory (no further information)", "cuda", "unknown"),
+    ("tensorrt-oom", "[TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMallocAsync(ptr, n, mCudaStream->get()): out of "
+                     "memory (/app/tensorrt_llm/cpp/tensorrt_llm/runtime/tllmBuffers.h:112)", "cuda", "unknown"),
+    ("rknn-npu-malloc", "E RKNN: [19:58:54.142] failed to malloc npu memory, size: 4022861824, flags: 0x2", None,
+     "unknown"),
+    ("hami-core-oom", "[HAMI-core ERROR (pid:1 thread=140160828682240 allocator.c:53)]: Device 0 OOM 25769803776 / "
+                      "24146608128", "cuda", "unknown"),
+    ("exo-placement", '"message": "No cycles found with sufficient memory",', None, "memory_budget"),
+    ("ds4-model-arena", "ds4: ROCm model arena alloc failed for tensor-span:128 (1792.00 MiB chunk): out of memory",
+     None, "model_weights"),
+    ("ds4-device-alloc", "ds4: CUDA q8 fp16 cache alloc failed (64.00 MiB): out of memory", None, "unknown"),
+    ("vllm-rs-kvcache", "ERROR vllm_rs::utils::kvcache_allocator: KVCache allocation failed: Insufficient GPU memory "
+                        "for KVCache allocation.", None, "kv_cache"),
+    ("ollama-startup-oom", "Streamed agent error: llama-server reported out-of-memory during startup", None, "unknown"),
+    ("warmup-oom", "[llm] [ERROR] [logging.py-348] : Warmup failed, because of multimodal model inference out of "
+                   "memory when `maxInputTokenLen` set to 8192.", None, "compute_buffer"),
+    ("oom-while-allocating", "eighth draft pool: CUDA OOM while allocating 5.16 GiB", None, "unknown"),
+    ("memory-object", "could not create a memory object", None, "unknown"),
+    ("vllm-cumem-allocator", "(LLMRayActor pid=347860) CUDA Error: out of memory at /workspace/csrc/cumem_allocator."
+                             "cpp:62", "cuda", "unknown"),
+    ("qnn-weights-buffer", "[ERROR] [Qnn ExecuTorch]:  <E> Could not allocate persistent weights buffer!", None,
+     "model_weights"),
+    ("kgsl-gpuobj-alloc", "W Adreno-GSL: <gsl_ldd_control:549>: ioctl fd 58 code 0xc0300945 (IOCTL_KGSL_GPUOBJ_ALLOC) "
+                          "failed: errno 12 Out of memory", None, "unknown"),
+    ("tt-metal-dram", "TT_FATAL: Out of Memory: Not enough space to allocate 1879048192 B DRAM buffer across 8 banks,",
+     None, "unknown"),
+    ("app-fit-refusal", "Failed to load model: About 10 GB of this model does not fit in GPU memory and would run from "
+                        "system RAM. Only about 10 GB is available", None, "memory_budget"),
+    ("kv-pages-over-memory", "AssertionError: Not enough memory for KV cache, try reducing --num-pages", None,
+     "kv_capacity"),
     # Habana's PT bridge (tgi-gaudi#216); llama.h's KV-slot text as Ollama 0.4 relays it (ollama#7545); on-device
     # runtimes refusing a request over their KV cache (torchchat#1395, flutter_gemma#62)
     ("habana-pt-devmem", "[Rank:0] FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for size::1073741824 (1024)MB",

@@ -1034,6 +1034,107 @@ RULES: tuple[OomRule, ...] = (
     OomRule("exllama-split-space", ("Insufficient space in device allocation",),
             re.compile(r"Insufficient space in device allocation"), None, "exllamav2 model.py (manual gpu_split)",
             phase="memory_budget"),
+    # -- cuBLAS could not allocate its own resources (CUBLAS_STATUS_ALLOC_FAILED, "the resource allocation failed", as
+    #    ggml-cuda's CUBLAS_CHECK and Ollama's runner print it; cublasCreate on a GPU the build does not fit, or with the
+    #    memory gone: ollama#5493-era Jetson reports, llama.cpp installer reports)
+    OomRule("cublas-alloc-failed", ("resource allocation failed",),
+            re.compile(r"CUDA error: the resource allocation failed"), "cuda",
+            "ggml-cuda CUBLAS_CHECK / cublasGetStatusString (Jetson and installer reports, 2024-26)"),
+    # -- TensorRT's builder and TensorRT-LLM's runtime buffers: "[TRT] [E] 2: [virtualMemoryBuffer.cpp::resizePhysical::
+    #    140] Error Code 2: OutOfMemory (no further information)", "Requested amount of GPU memory (20572012544 bytes)
+    #    could not be allocated" (engine builds, 2023-24); "[TensorRT-LLM][ERROR] CUDA runtime error in
+    #    ::cudaMallocAsync(ptr, n, ...): out of memory (.../runtime/tllmBuffers.h:112)" (its buffer manager)
+    OomRule("tensorrt-oom", ("Error Code 2: OutOfMemory", "Requested amount of GPU memory", "CUDA runtime error in"),
+            re.compile(r"Error Code 2: OutOfMemory|Requested amount of GPU memory \((?P<n>\d+) bytes\) could not be "
+                       r"allocated|\[TensorRT-LLM\]\[ERROR\] CUDA runtime error in .{0,200}?: out of memory"), "cuda",
+            "TensorRT builder (virtualMemoryBuffer.cpp, globWriter.cpp), TensorRT-LLM tllmBuffers.h (2023-24 reports)",
+            read=lambda m: {"mib": _mib(m.group("n"), None)} if m.group("n") else {}),
+    # -- Habana-free NPUs: Rockchip's RKNN runtime ("E RKNN: failed to malloc npu memory, size: 4022861824, flags: 0x2",
+    #    "failed to allocate handle, ret: -1, errno: 14"), as rkllm prints it while it loads a model
+    OomRule("rknn-npu-malloc", ("failed to malloc npu memory", "failed to allocate handle"),
+            re.compile(r"RKNN: .{0,40}?failed to (?:malloc npu memory(?:, size: (?P<n>\d+))?|allocate handle)"), None,
+            "Rockchip RKNN runtime (rknn-llm reports, 2025)",
+            read=lambda m: {"mib": _mib(m.group("n"), None)} if m.group("n") else {}),
+    # -- HAMi-core (Kubernetes vGPU sharing) refusing an allocation over the container's share: "[HAMI-core ERROR (pid:1
+    #    ... allocator.c:53)]: Device 0 OOM 18446744073707737660 / 24146608128" (bytes used-or-asked / the share)
+    OomRule("hami-core-oom", ("HAMI-core ERROR",),
+            re.compile(r"HAMI-core ERROR .{0,80}?Device (?P<d>\d+) OOM (?P<n>\d+) / (?P<lim>\d+)"), "cuda",
+            "Project-HAMi HAMi-core allocator.c (2025 reports)",
+            read=lambda m: {"device_index": int(m.group("d")), "mib": _mib(m.group("n"), None),
+                            "limit_mib": _mib(m.group("lim"), None)}),
+    # -- EXO's placement (2026): "No cycles found with sufficient memory" -- its planner found no set of devices that
+    #    holds the model, before anything was allocated
+    OomRule("exo-placement", ("No cycles found with sufficient memory",),
+            re.compile(r"No cycles found with sufficient memory"), None, "exo-explore/exo placement (2026 reports)",
+            phase="memory_budget"),
+    # -- ds4 (antirez/ds4, 2026): "ds4: ROCm model arena alloc failed for tensor-span:128 (1792.00 MiB chunk): out of
+    #    memory" -- the arena that holds the model's tensors
+    OomRule("ds4-model-arena", ("model arena alloc failed",),
+            re.compile(r"(?P<be>ROCm|CUDA|Metal) model arena alloc failed(?: for [^()\n]{0,60})? \((?P<n>[\d.]+) ?(?P<u>[KMGT]i?B)"),
+            None, "antirez/ds4 model arena (2026 reports)", phase="model_weights",
+            read=lambda m: {"mib": _mib(m.group("n"), m.group("u"))}),
+    # -- vllm.rs (candle): "KVCache allocation failed: Insufficient GPU memory for KVCache allocation." / "Failed to
+    #    allocate KVCache: ..." (its kvcache_allocator, 2026)
+    OomRule("vllm-rs-kvcache", ("KVCache allocation failed", "Failed to allocate KVCache"),
+            re.compile(r"KVCache allocation failed|Failed to allocate KVCache"), None,
+            "guoqingbao/vllm.rs kvcache_allocator (xinfer reports, 2026)", phase="kv_cache"),
+    # -- Ollama (2026, server/sched.go) passing on its llama-server's startup failure: "llama-server reported
+    #    out-of-memory during startup" (what it failed to allocate is in the llama-server lines, when they are there)
+    OomRule("ollama-startup-oom", ("reported out-of-memory during startup",),
+            re.compile(r"llama-server reported out-of-memory during startup"), None, "ollama server/sched.go (2026)",
+            engine="ollama"),
+    # -- a warm-up that names its own OOM: MindIE ("Warmup failed, because of multimodal model inference out of memory
+    #    when `maxInputTokenLen` set to 8192. Please try to decrease `maxPrefillTokens`"): activations of a forward pass
+    OomRule("warmup-oom", ("Warmup failed, because of",),
+            re.compile(r"Warmup failed, because of .{0,80}?out of memory"), None, "MindIE service warm-up (2025 reports)",
+            phase="compute_buffer"),
+    # -- "<backend> OOM while allocating <size>": runtimes' and users' one-line summaries ("CUDA OOM while allocating
+    #    5.16 GiB")
+    OomRule("oom-while-allocating", ("OOM while allocating",),
+            re.compile(r"\b(?:CUDA|HIP|ROCm|GPU|Metal|XPU|NPU) OOM while allocating (?P<n>[\d.]+) ?(?P<u>[KMGT]i?B)"), None,
+            "one-line summaries in reports (sglang EAGLE draft pool, 2026)",
+            read=lambda m: {"mib": _mib(m.group("n"), m.group("u"))}),
+    # -- ds4's other device allocations and launches: "ds4: CUDA q8 fp16 cache alloc failed (64.00 MiB): out of memory",
+    #    "ds4: ROCm tensor alloc failed: out of memory", "ds4: ROCm tensor fill f32 launch failed: out of memory"
+    OomRule("ds4-device-alloc", ("ds4: ",),
+            re.compile(r"ds4: (?P<be>ROCm|CUDA|Metal) [\w ]{1,40}? (?:alloc|launch) failed(?: \((?P<n>[\d.]+) ?"
+                       r"(?P<u>[KMGT]i?B)\))?: out of memory"), None, "antirez/ds4 device buffers (2026 reports)",
+            read=lambda m: {"mib": _mib(m.group("n"), m.group("u"))} if m.group("n") else {}),
+    # -- vLLM's sleep-mode allocator (csrc/cumem_allocator.cpp, 2025): "CUDA Error: out of memory at
+    #    /workspace/csrc/cumem_allocator.cpp:62" when wake_up maps its pools back (RL frameworks' colocated rollouts)
+    OomRule("vllm-cumem-allocator", ("cumem_allocator.cpp",),
+            re.compile(r"CUDA Error: out of memory at \S*cumem_allocator\.cpp:\d+"), "cuda",
+            "vLLM csrc/cumem_allocator.cpp (OpenRLHF-family reports, 2025)", engine="vllm"),
+    # -- Qualcomm's QNN runtime (ExecuTorch's QNN backend): "<E> Could not allocate persistent weights buffer!" after
+    #    its fastrpc map failed
+    OomRule("qnn-weights-buffer", ("allocate persistent weights buffer",),
+            re.compile(r"Could not allocate persistent weights buffer"), None,
+            "QNN runtime via ExecuTorch (executorch#4517)", phase="model_weights"),
+    # -- the Adreno kernel driver (KGSL) refusing a GPU object: "ioctl fd 58 code 0xc0300945 (IOCTL_KGSL_GPUOBJ_ALLOC)
+    #    failed: errno 12 Out of memory" (OpenCL on Android: MLC-LLM, llama.cpp's OpenCL backend)
+    OomRule("kgsl-gpuobj-alloc", ("IOCTL_KGSL_GPUOBJ_ALLOC",),
+            re.compile(r"IOCTL_KGSL_GPUOBJ_ALLOC\) failed: errno 12"), None, "Adreno-GSL (mlc-llm#112)"),
+    # -- tt-metal's DRAM allocator (TT_FATAL): "Out of Memory: Not enough space to allocate 1879048192 B DRAM buffer
+    #    across 8 banks," (the per-bank need and free follow on the next lines)
+    OomRule("tt-metal-dram", ("DRAM buffer across",),
+            re.compile(r"Not enough space to allocate (?P<n>\d+) B (?:DRAM|L1) buffer across \d+ banks"), None,
+            "tt-metal allocator (tenstorrent/tt-inference-server#451, #989, tt-xla#5501)",
+            read=lambda m: {"mib": _mib(m.group("n"), None)}),
+    # -- an app's own placement check (Unsloth Studio, 2026): "Failed to load model: About 10 GB of this model does not
+    #    fit in GPU memory and would run from system RAM. Only about 10 GB is available": refused before loading
+    OomRule("app-fit-refusal", ("would run from system RAM",),
+            re.compile(r"does not fit in GPU memory and would run from system RAM"), None,
+            "Unsloth Studio (unslothai/unsloth reports, 2026)", phase="memory_budget"),
+    # -- FreeToken's KV pool sizing (2026): "AssertionError: Not enough memory for KV cache, try reducing --num-pages":
+    #    the pages asked for do not fit what the weights left
+    OomRule("kv-pages-over-memory", ("try reducing --num-pages",),
+            re.compile(r"Not enough memory for KV cache, try reducing --num-pages"), None,
+            "FlashML-org/FreeToken#419", phase="kv_capacity"),
+    # -- OpenCL's CL_MEM_OBJECT_ALLOCATION_FAILURE in words ("could not create a memory object"; SYCL on OpenCL and
+    #    Level Zero runtimes print it when a buffer cannot be made)
+    OomRule("memory-object", ("create a memory object", "create memory object"),
+            re.compile(r"(?i:(?:could not|failed to|unable to) create (?:a )?memory object)"), None,
+            "OpenCL / SYCL runtimes (llama.cpp SYCL reports, 2026)"),
     # -- one buffer over a backend's per-buffer cap, in the words of a size check: ggml-hexagon ("HTP0:0 buffer size
     #    556236800 exceeds max_bufsize 268435456", llama.cpp#29123), wgpu ("Buffer size 1073741824 is greater than the
     #    maximum buffer size (268435456)"): bytes, the device name first when the backend prints one
