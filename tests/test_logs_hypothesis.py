@@ -1,4 +1,5 @@
-"""parse_log / analyze never raise: random bytes, random text lines, real logs cut anywhere."""
+"""parse_log / analyze never raise: random bytes, random text lines, real logs cut anywhere; and memory-failure words
+in any capitalisation and wrapping are never "no failure"."""
 
 from __future__ import annotations
 
@@ -56,3 +57,28 @@ def test_chunked_stream_equals_line_parse(log, chunk):
 def test_odd_bundles(bundle):
     d = analyze(bundle)
     assert d["engine"] in ("llama.cpp", "ollama", "vllm", "sglang", "tgi", "unknown")
+
+
+# The failure layer's promise (issue 12): a line in the words of a memory failure is a failure, however the engine
+# capitalises the words and whatever it prints around them (a timestamp, a level, a quote, a prefix of its own).
+_FAILURE_PHRASES = ("out of memory", "insufficient memory", "not enough memory", "failed to allocate",
+                    "unable to allocate", "could not allocate", "cannot allocate", "allocation failed")
+_PREFIXES = ("", "ERROR ", "[2026-01-01 12:00:00] ", 'time=2026-01-01T12:00:00Z level=ERROR msg="', "E ", "> ",
+             "    ", "RuntimeError: ", "Error: ", "[worker 3] ", "ggml_backend: ")
+_SUFFIXES = ("", ".", "!", ": cudaMalloc", " (requested 512 MiB)", '"', " on device 0", " while loading")
+
+
+@st.composite
+def _failure_lines(draw):
+    words = draw(st.sampled_from(_FAILURE_PHRASES)).split(" ")
+    if draw(st.booleans()) and draw(st.booleans()):
+        phrase = " ".join(words).upper()
+    else:
+        phrase = " ".join(w[:1].upper() + w[1:] if draw(st.booleans()) else w for w in words)
+    return draw(st.sampled_from(_PREFIXES)) + phrase + draw(st.sampled_from(_SUFFIXES))
+
+
+@SETTINGS
+@given(_failure_lines())
+def test_memory_failure_words_are_never_no_failure(line):
+    assert analyze_text(line + "\n")["failure"]["phase"] != "none", line
