@@ -103,6 +103,8 @@ EXAMPLES = [
                         "system RAM. Only about 10 GB is available", None, "memory_budget"),
     ("kv-pages-over-memory", "AssertionError: Not enough memory for KV cache, try reducing --num-pages", None,
      "kv_capacity"),
+    ("openvino-usm-alloc", "[CL ext] Can not allocate 16049884928 bytes for USM Device. ptr: 0000000000000000, error: 0",
+     "openvino", "unknown"),
     # Habana's PT bridge (tgi-gaudi#216); llama.h's KV-slot text as Ollama 0.4 relays it (ollama#7545); on-device
     # runtimes refusing a request over their KV cache (torchchat#1395, flutter_gemma#62)
     ("habana-pt-devmem", "[Rank:0] FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for size::1073741824 (1024)MB",
@@ -886,6 +888,14 @@ HUNT9 += [
     ("20:53:22-829894 ERROR    Error loading the model with llama.cpp: Server process\n"
      "                         terminated unexpectedly with exit code: -4", {"phase": "unknown"}),
     ("⚠️ Oops. Model failed to load.", {"phase": "unknown"}),
+    # round 21 tuning share: Go's runtime aborting in cgo after Metal's API validation (conda-forge/ollama-feedstock#71),
+    # Triton's on-chip shared memory (not device memory: ktransformers#1570), ggml's scheduler reserving again
+    ("-[MTLComputePipelineDescriptorInternal setComputeFunction:withType:]:800: failed assertion `computeFunction must "
+     "not be nil.'\nSIGABRT: abort\nPC=0x18f6a5388 m=3 sigcode=0", {"phase": "unknown"}),
+    ("triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 106496, Hardware limit: 101376. "
+     "Reducing block sizes or `num_stages` may help.", {"phase": "unknown"}),
+    ("ggml_backend_sched: failed to allocate graph, reserving\nggml_gallocr_needs_realloc: graph has different number "
+     "of nodes", {"phase": "none"}),
     # 2023 llama.cpp printed the KV size in lower case and "MB" (MiB)
     ("llama_new_context_with_model: kv self size  = 3200.00 MB\nCUDA error 2 at ggml-cuda.cu:6301: out of memory",
      {"backend": "cuda"}),

@@ -1130,6 +1130,11 @@ RULES: tuple[OomRule, ...] = (
     OomRule("kv-pages-over-memory", ("try reducing --num-pages",),
             re.compile(r"Not enough memory for KV cache, try reducing --num-pages"), None,
             "FlashML-org/FreeToken#419", phase="kv_capacity"),
+    # -- OpenVINO's GPU plugin allocating a USM buffer (2026): "[CL ext] Can not allocate 16049884928 bytes for USM
+    #    Device. ptr: 0000000000000000, error: 0" (bytes; openvino.genai#4344)
+    OomRule("openvino-usm-alloc", ("[CL ext] Can not allocate",),
+            re.compile(r"\[CL ext\] Can not allocate (?P<n>\d+) bytes for USM"), "openvino",
+            "OpenVINO intel_gpu plugin (openvino.genai#4344)", read=lambda m: {"mib": _mib(m.group("n"), None)}),
     # -- OpenCL's CL_MEM_OBJECT_ALLOCATION_FAILURE in words ("could not create a memory object"; SYCL on OpenCL and
     #    Level Zero runtimes print it when a buffer cannot be made)
     OomRule("memory-object", ("create a memory object", "create memory object"),
@@ -1162,7 +1167,8 @@ RULES: tuple[OomRule, ...] = (
     # -- the net: any other line in the words of a memory failure (format not fully understood)
     OomRule("memory-words", (*case_variants("out of memory", "out-of-memory", "insufficient memory", "not enough memory",
                                             "failed to allocate", "unable to allocate", "could not allocate",
-                                            "cannot allocate", "couldn't allocate", "can't allocate",
+                                            "cannot allocate", "can not allocate", "couldn't allocate",
+                                            "can't allocate",
                                             "allocation failed", "memory allocation",
                                             "not enough space to allocate", "memory limit exceeded",
                                             "memory limit exceeds"),
@@ -1174,7 +1180,7 @@ RULES: tuple[OomRule, ...] = (
                        # oMLX; "Memory limit exceeded during prefill")
                        r"memory limit exceed(?:ed|s)\b|"
                        r"(?:could not|failed to|unable to) create (?:a )?memory object|"
-                       r"(?:failed|unable) to allocate|(?:could ?not|couldn't|cannot|can't) allocate|(?:memory )?allocation failed|"
+                       r"(?:failed|unable) to allocate|(?:could ?not|couldn't|can ?not|can't) allocate|(?:memory )?allocation failed|"
                        # tt-metal's allocator (TT_FATAL: "Out of Memory: Not enough space to allocate 1879048192 B DRAM
                        # buffer across 8 banks")
                        r"not enough space to allocate|"
@@ -1331,6 +1337,11 @@ FATAL = OomRule(
                     # Invalid memory access', java-llama.cpp#8) and an IDE's run console's end ("Process finished with
                     # exit code 1")
                     "Exception in thread \"", "Process finished with exit code",
+                    # Go's runtime on a fatal signal in cgo code ("SIGABRT: abort", "SIGSEGV: segmentation violation"),
+                    # Apple's Metal API validation ("failed assertion `computeFunction must not be nil.'"), Triton's
+                    # compile-time check of a kernel's on-chip shared memory ("triton.runtime.errors.OutOfResources:
+                    # out of resource: shared memory, Required: 106496, Hardware limit: 101376": not device memory)
+                    "SIGABRT: ", "SIGSEGV: ", "SIGBUS: ", "failed assertion `", "OutOfResources: out of resource",
                     # Rust's panics (TGI's router, mistral.rs, candle), a missing library, a driver older than the runtime
                     "panicked at", "error while loading shared libraries", "driver version is insufficient",
                     # an HTTP 500 as a client relays it (Open WebUI: "500: Ollama: 500, message='Internal Server
@@ -1364,7 +1375,8 @@ FATAL = OomRule(
                r"\b887A000[56]\b|DXGI_ERROR_DEVICE_(?:REMOVED|HUNG|RESET)|NVRM: Xid \(|amdgpu[ :][^\[\n]{0,40}\[gfxhub\S*\] page fault|"
                r"Failed to load LLM\b|\brunner crashed\b|\b[Mm]odel failed to load\b|\bterminated unexpectedly\b|"
                r'Exception in thread "[^"]*" [\w.$]+: |Process finished with exit code [1-9]|\bpanicked at\b|'
-               r"error while loading shared libraries|"
+               r"error while loading shared libraries|\bSIG(?:ABRT|SEGV|BUS): [a-z]|failed assertion `|"
+               r"OutOfResources: out of resource: shared memory|"
                r"driver version is insufficient|Internal Server Error|encountered an error while trying to fit params|"
                r"VM_L2_PROTECTION_FAULT|backend is in error state|\bCrashLoopBackOff\b|Back-off restarting failed container|"
                r"\bFailed to load the model\b|exited before becoming healthy|"
@@ -1408,7 +1420,10 @@ KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in (*RULES, FATAL) for k in r.
                                             "model_memory=", '"n_ctx": ', "radv/amdgpu:", "Available Free mem", "Requested  ", "Free (according to CUDA)", *_KV_POOL_WORDS}))
 """Every literal that selects a line for this layer (derived from :data:`RULES`, never kept by hand)."""
 
-_SELF_RECOVERY = re.compile(r"(?i)\b(?:skipping|falling back|fall(?:ing)? back to|fallback to|will retry|retrying)\b")
+_SELF_RECOVERY = re.compile(r"(?i)\b(?:skipping|falling back|fall(?:ing)? back to|fallback to|will retry|retrying)\b|"
+                            # ggml-backend.cpp ggml_backend_sched_alloc_graph (debug): "failed to allocate graph,
+                            # reserving" -- it reserves and allocates again
+                            r"failed to allocate graph, reserving")
 """A memory-error line that names its own way out ("failed to allocate 268435456 bytes for reorder temp buffer,
 skipping reorder", ggml-sycl): a warning the engine carries on after, a failure only if one follows."""
 _HSA_FREE = re.compile(r"Available Free mem\s*:\s*(\d+(?:\.\d+)?)\s*MB\b")
