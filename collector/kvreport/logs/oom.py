@@ -1421,7 +1421,7 @@ KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in (*RULES, FATAL) for k in r.
 """Every literal that selects a line for this layer (derived from :data:`RULES`, never kept by hand)."""
 
 _SELF_RECOVERY = re.compile(r"(?i)\b(?:skipping|falling back|fall(?:ing)? back to|fallback to|will retry|retrying)\b|"
-                            # ggml-backend.cpp ggml_backend_sched_alloc_graph (debug): "failed to allocate graph,
+                            # ggml-backend.cpp ggml_backend_sched_alloc_splits (debug builds): "failed to allocate graph,
                             # reserving" -- it reserves and allocates again
                             r"failed to allocate graph, reserving")
 """A memory-error line that names its own way out ("failed to allocate 268435456 bytes for reorder temp buffer,
