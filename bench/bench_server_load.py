@@ -286,6 +286,7 @@ def main(argv=None) -> int:
         for label, make_url in pages.items():
             result[label] = stats([timed(s, make_url(i)) for i in range(args.requests)])
             print(f"{label:24s} {result[label]}", file=sys.stderr)
+        s.close()  # (the keep-alive connection first: closing the server under it makes waitress log a traceback)
         server.close()
         app.extensions["kvreport_db"].dispose()
         for label, figures in regression_costs(url, args.requests).items():
