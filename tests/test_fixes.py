@@ -884,3 +884,32 @@ def test_flash_attention_keeps_the_value_form_the_build_reads():
     assert quant and " -fa on " in quant[0]["command"] + " ", quant
     for s in analyze_text(_FA_AUTO_LOG, "llama-server -m m.gguf -c 131072 -ngl 99")["suggestions"]:
         assert " -fa --" not in (s.get("command") or ""), s
+
+
+def test_a_summary_with_the_kv_size_and_the_context_gives_the_context_that_fits():
+    # "kv=4096 MiB", "4096 MiB needed", "needs 4096 MiB but only 2100 MiB free" with the context typed beside them:
+    # the KV per token follows from the two, and the context that fits from the free memory (QA, issue 12 item 4)
+    for line in ("llama-server OOMs with -c 32768 on my 3060 12GB, KV cache needs 4096 MiB but only 2100 MiB free",
+                 "llama_kv_cache: failed to allocate KV cache: 4096 MiB needed, 2100 MiB free (n_ctx = 32768)",
+                 "failed to allocate KV cache (requested ctx=32768, kv=4096 MiB, gpu memory free=2100 MiB)"):
+        d = analyze_text(line + "\n")
+        assert d["failure"]["requested_mib"] == 4096.0 and d["failure"]["free_mib"] == 2100.0, line
+        assert d["memory"]["kv_mib_per_1k_tokens"] == 128.0, line
+        assert d["suggestions"][0]["id"] == "reduce-ctx" and 0 < d["memory"]["max_ctx_fit"]["f16"] < 16384, line
+
+
+def test_the_seed_line_offers_no_q8_0_at_a_context_no_example_shape_fits():
+    d = analyze_text("llama-server: failed to allocate KV cache (requested ctx=262144, gpu memory free=1024 MiB)\n",
+                     "llama-server -m qwen.gguf -c 262144 -ngl 99")
+    ids = [s["id"] for s in d["suggestions"]]
+    assert ids[0] == "reduce-ctx" and "quantize-kv-cache" not in ids, ids
+
+
+def test_a_mixed_cache_pair_is_sized_as_the_pair_in_use():
+    # -ctk q8_0 with the default f16 V: the context to lower to is the q8_0/f16 pair's, not the q8_0/q8_0 row's
+    log = _FA_AUTO_LOG.replace("allocating 16384.00 MiB", "allocating 12544.00 MiB").replace(
+        "buffer of size 17179869184", "buffer of size 13153337344")
+    d = analyze_text(log, "llama-server -m m.gguf -c 131072 -ngl 99 -ctk q8_0 -fa on")
+    first = d["suggestions"][0]
+    fits = d["memory"]["max_ctx_fit"]
+    assert first["id"] == "reduce-ctx" and fits["f16"] < first["change"]["--ctx-size"] < fits["q8_0"], (first, fits)

@@ -359,6 +359,7 @@ class _Diagnosis:
         self.has_memory_event = False
         self.weak = False
         self.summary = None
+        self.fit_now: int | None = None
         self.oom_event = None
         self.others_mib = None  # MiB other processes held on the failing device (torch's process list)
         self.torch_oom = False  # the failure is torch's OutOfMemoryError (a Python engine's, whatever the engine)
@@ -1233,6 +1234,8 @@ class _Diagnosis:
                 c = cfg.with_(cache_type_k=t, cache_type_v=t, flash_attn=True if t != "f16" else cfg.flash_attn)
                 fits[t] = int(kvcache.max_ctx_fit(shape, budget_mib * MIB / share, c))
             mem["max_ctx_fit"] = fits
+            if cfg.cache_type_k != cfg.cache_type_v:  # (-ctk q8_0 alone: the pair in use, not a same-type row)
+                self.fit_now = int(kvcache.max_ctx_fit(shape, budget_mib * MIB / share, cfg))
         self.derived_bpt = None
         if shape is None and failure["phase"] == "kv_cache" and kv is not None and cfg_d["n_ctx"] \
                 and not printed and self._single_kv_device(failure.get("failing_device")):
@@ -1606,6 +1609,7 @@ class _Diagnosis:
             fa_auto_disabled=f.ctx.get("flash_attn_resolved") == "disabled",
             fa_takes_value=str(f.ctx.get("flash_attn") or "").lower() in ("auto", "on", "off", "enabled", "disabled"),
             split_room_mib=self._split_room(failure),
+            max_ctx_fit_now=self.fit_now,
             kv_examples_fit=self._examples_fit() if self.summary and size is None else [],
             n_seq_known=cfg_d.get("n_seq_known", True),
             working_set=(self.oom_event or {}).get("rule") in ("metal-status-5", "metal-iogpu-oom", "metal-nil"),

@@ -92,6 +92,9 @@ class Situation:
     n_layer: int | None = None
     kv_mib: float | None = None
     max_ctx_fit: dict | None = None
+    max_ctx_fit_now: int | None = None
+    """The largest context whose KV fits at the cache types in use when K and V differ (-ctk q8_0 with an f16 V):
+    :attr:`max_ctx_fit` holds same-type pairs only."""
     kv_at: object = None
     n_devices: int = 0
     kv_update: bool = False
@@ -431,7 +434,7 @@ def _reduce_ctx(b: _Builder, rank: float) -> None:
     if _reduce_ctx_by_examples(b, rank):
         return
     basis = " (per-token cost derived from the failed KV buffer)" if s.kv_basis == "failed_buffer" else ""
-    fit = (s.max_ctx_fit or {}).get(_type_key(s.cache_type_k))
+    fit = _fit_now(s)
     train = s.n_ctx_train if s.n_ctx_train and s.n_ctx_train > 0 else None
     budget = s.kv_budget_mib if s.kv_budget_mib is not None else s.free_at_failure_mib
     dev = s.failing_device or "the failing device"
@@ -497,6 +500,13 @@ def _of_budget(s: Situation, budget: float | None) -> str:
 
 def _type_key(t: str | None) -> str:
     return t if t in ("f16", "q8_0", "q4_0") else "f16"
+
+
+def _fit_now(s: Situation) -> int | None:
+    """The largest context that fits at the cache types in use (the mixed pair's own figure when K and V differ)."""
+    if s.max_ctx_fit_now is not None:
+        return s.max_ctx_fit_now
+    return (s.max_ctx_fit or {}).get(_type_key(s.cache_type_k))
 
 
 def _reduce_parallel(b: _Builder, rank: float) -> None:
@@ -597,11 +607,13 @@ def _quantize(b: _Builder, rank: float) -> None:
         change.update(_ctx_change(s, target))
         kv_new = _kv(s, n_ctx=target, cache_type="q8_0")
         kv_cur = _kv(s, cache_type="q8_0")
-        f16 = (s.max_ctx_fit or {}).get(_type_key(s.cache_type_k))
+        now = _fit_now(s)
         expected = (f"KV {_mib(kv_new)} MiB{_of_budget(s, budget)} at n_ctx {_tok(target)} instead of {_mib(s.kv_mib)} "
                     f"MiB at n_ctx {_tok(cur)}" if kv_new is not None else f"context {_tok(target)} at q8_0")
-        if f16:
-            expected += f" ({_tok(f16)} tokens fit at f16)"
+        if now:
+            types = s.cache_type_k or "f16" if (s.cache_type_k or "f16") == (s.cache_type_v or "f16") else \
+                f"{s.cache_type_k or 'f16'}/{s.cache_type_v or 'f16'}"
+            expected += f" ({_tok(now)} tokens fit at {types})"
         b.add(rank, "quantize-kv-cache", f"Store the KV cache as q8_0 and use a context of {_ctx_title(s, target)}", change,
               expected,
               why + f" At the current context the q8_0 KV ({_mib(kv_cur)} MiB) would still not fit, so the change also "
@@ -611,6 +623,10 @@ def _quantize(b: _Builder, rank: float) -> None:
     kv_new = _kv(s, cache_type="q8_0")
     if kv_new is not None and s.kv_mib and kv_new >= s.kv_mib * 0.99:
         return  # kvreport's own arithmetic: no smaller KV (no no-op)
+    if kv_new is None and cur and s.kv_examples_fit and all(cur > 2 * n for _name, n in s.kv_examples_fit):
+        # a summary without the model: for every example shape the q8_0 KV at this context (about half of f16) is
+        # still over what there is, so the same -c with q8_0 is predicted to fail again; reduce-ctx says what fits
+        return
     b.add(rank, "quantize-kv-cache", "Store the KV cache as q8_0", change,
           (f"KV {_mib(kv_new)} MiB instead of {_mib(s.kv_mib)} MiB{extra}" if kv_new is not None
            else "about half the KV bytes of f16"), why)
@@ -1030,7 +1046,7 @@ def _raise_ctx(b: _Builder, rank: float) -> None:
     target = -(-s.request_tokens // 256) * 256 * slots
     if s.limit_tokens and target <= s.limit_tokens:
         return  # the line's numbers do not say the context is short of the request: no value to give
-    fit = (s.max_ctx_fit or {}).get(_type_key(s.cache_type_k))
+    fit = _fit_now(s)
     if fit is not None and target > fit:
         return  # kvreport's own numbers say the KV of that context does not fit: only a shorter request helps
     title = f"Raise the context to {_tok(target)} tokens"

@@ -132,6 +132,8 @@ def _need_have(m: re.Match) -> dict:
     """A summary that states both sides: the request and what there was (a KV cache when the line says so)."""
     out = {"mib": _mib(m.group("need"), m.group("nu")), "free_mib": _mib(m.group("have"), m.group("hu")),
            "summary": True}
+    if "n_ctx" in (nums := summary_numbers(m.string)):
+        out["n_ctx"] = nums["n_ctx"]  # ("... with -c 32768 ..., KV cache needs 4096 MiB but only 2100 MiB free")
     if m.group("kv") or "kv cache" in m.group(0).lower() or "kv-cache" in m.group(0).lower():
         out["phase_hint"] = "kv_cache"
     return out
@@ -265,8 +267,10 @@ _SUM_CTX = re.compile(r"(?i:(?:\bn_ctx|\bctx|\bcontext(?: size| length)?|\bnum_c
                       r"(?P<n>\d[\d,]*)(?P<k>\s?k\b)?|\b(?P<n2>\d+)\s?k\s*(?:ctx|context)\b)")
 _SUM_FREE = re.compile(r"(?i:\bfree(?: vram| memory| mem| gpu memory)?\s*[=:]?\s*(?P<a>[\d.,]+)\s*(?P<au>[KMGT]i?B)\b|"
                        r"(?P<b>[\d.,]+)\s*(?P<bu>[KMGT]i?B)\s+(?:of (?:\w+ ){0,2})?(?:is |are )?(?:free|available|left)\b)")
-_SUM_REQ = re.compile(r"(?i:(?P<a>[\d.,]+)\s*(?P<au>[KMGT]i?B)\s+requested|\brequest(?:ed)?\s*[=:]?\s*(?P<b>[\d.,]+)\s*"
-                      r"(?P<bu>[KMGT]i?B)|\bneed(?:s|ed)?\s+(?P<c>[\d.,]+)\s*(?P<cu>[KMGT]i?B))")
+_SUM_REQ = re.compile(r"(?i:(?P<a>[\d.,]+)\s*(?P<au>[KMGT]i?B)\s+(?:requested|needed|required)|\brequest(?:ed)?\s*[=:]?\s*"
+                      r"(?P<b>[\d.,]+)\s*(?P<bu>[KMGT]i?B)|\b(?:need(?:s|ed)?|requires?)\s+(?P<c>[\d.,]+)\s*(?P<cu>[KMGT]i?B)|"
+                      # the KV size itself: "kv=4096 MiB", "KV cache: 4096 MiB", "kv size = 4 GiB"
+                      r"\bkv(?:[ _-]?cache)?(?:[ _]size)?\s*[=:]\s*(?P<d>[\d.,]+)\s*(?P<du>[KMGT]i?B))")
 _SUM_TYPE = re.compile(r"(?i:(?:-ctk|--cache-type-k|type_k|cache_type_k)[ =:]+(?P<t>f16|f32|bf16|q8_0|q4_0|q4_1|q5_0|"
                        r"q5_1|iq4_nl))")
 
@@ -285,7 +289,7 @@ def summary_numbers(text: str) -> dict:
         out["free_mib"] = _mib(v.replace(",", ""), u)
     m = _SUM_REQ.search(text)
     if m:
-        v, u = next((m.group(k), m.group(k + "u")) for k in ("a", "b", "c") if m.group(k))
+        v, u = next((m.group(k), m.group(k + "u")) for k in ("a", "b", "c", "d") if m.group(k))
         out["mib"] = _mib(v.replace(",", ""), u)
     m = _SUM_TYPE.search(text)
     if m:
