@@ -913,3 +913,25 @@ def test_a_mixed_cache_pair_is_sized_as_the_pair_in_use():
     first = d["suggestions"][0]
     fits = d["memory"]["max_ctx_fit"]
     assert first["id"] == "reduce-ctx" and fits["f16"] < first["change"]["--ctx-size"] < fits["q8_0"], (first, fits)
+
+
+def test_tgi_commands_pass_the_launchers_own_checks():
+    # TGI's launcher refuses max_input_tokens >= max_total_tokens and max_batch_prefill_tokens < max_input_tokens: a
+    # lowered total or prefill batch lowers --max-input-tokens with it; more GPUs are --num-shard (QA)
+    from kvreport.cmdline import parse_command as parse
+
+    oom = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 79.25 "
+           "GiB of which 1.02 GiB is free.\n")
+    cmd = "text-generation-launcher --model-id m --max-input-tokens 8000 --max-total-tokens 8192 --max-batch-prefill-tokens 8192"
+    d = analyze_text(oom, cmd)
+    assert d["engine"] == "tgi"
+    for s in d["suggestions"]:
+        if not s.get("command"):
+            continue
+        flags = parse(s["command"])["flags"]
+        max_in, total, prefill = flags.get("max_input_tokens"), flags.get("max_total_tokens"), flags.get(
+            "max_batch_prefill_tokens")
+        assert int(max_in) < int(total) and int(prefill) >= int(max_in), s["command"]
+    d = analyze_text("failed to allocate KV cache (requested ctx=131072, gpu memory free=0 GiB)\n",
+                     "text-generation-launcher --model-id m")
+    assert all("--tensor-parallel-size" not in (s.get("command") or "") for s in d["suggestions"])

@@ -218,6 +218,8 @@ class _Builder:
             return
         if str((self.s.command or {}).get("program") or "").startswith("llama_cpp."):
             change = _llama_cpp_python(change)
+        if self.s.engine == "tgi":
+            change = _tgi_launcher_rules(self.s, change)
         command = _command(self.s, change)
         if _borrowed_names(self.s, change):
             title += " (vLLM's name for it: the engine is not known, use its own setting of that name)"
@@ -228,6 +230,30 @@ class _Builder:
 
     def result(self, limit: int) -> list[dict]:
         return [d for _r, _n, d in sorted(self.items.values(), key=lambda t: (t[0], t[1]))[:limit]]
+
+
+def _tgi_launcher_rules(s: Situation, change: dict) -> dict:
+    """TGI's launcher refuses a command unless max_input_tokens < max_total_tokens and max_batch_prefill_tokens >=
+    max_input_tokens (launcher/src/main.rs): a change that lowers one of them lowers --max-input-tokens with it,
+    keeping the user's room for new tokens, so that the command is accepted when pasted."""
+    if "--max-total-tokens" not in change and "--max-batch-prefill-tokens" not in change:
+        return change
+    out = dict(change)
+    args = (s.tgi or {}).get("args") or {}
+    max_in = out.get("--max-input-tokens") or to_int(s.flags.get("max_input_tokens") or s.flags.get(
+        "max_input_length")) or args.get("max_input_tokens")
+    max_total = to_int(s.flags.get("max_total_tokens")) or args.get("max_total_tokens")
+    room = (max_total - max_in) if max_total and max_in and max_total > max_in else None
+    total = out.get("--max-total-tokens")
+    if isinstance(total, int) and total > 1 and (max_in is None or max_in >= total):
+        max_in = max(1, total - room) if room and total - room >= total // 2 else total // 2
+        out["--max-input-tokens"] = max_in
+    prefill = out.get("--max-batch-prefill-tokens")
+    if isinstance(prefill, int) and (max_in is None or max_in > prefill):
+        out["--max-input-tokens"] = prefill  # (its default, from the model's positions, may be above it too)
+        if max_total is not None and "--max-total-tokens" not in out and max_total <= prefill:
+            out["--max-total-tokens"] = prefill + (room or 1024)
+    return out
 
 
 LLAMA_CPP_PYTHON_OPTIONS = {
@@ -1233,9 +1259,10 @@ def _py_raise_util_negative(b: _Builder, rank: float) -> None:
 
 def _py_more_devices(b: _Builder, rank: float) -> None:
     s = b.s
-    tp = s.flags.get("tensor_parallel_size") or 1
+    flag, name = _TP_FLAG.get(s.engine, _TP_FLAG["vllm"])  # (each engine's own knob: SGLang --tp-size, TGI --num-shard)
+    tp = to_int(str(s.flags.get(name) or 1)) or 1
     what = "the weights" if s.phase == "model_weights" else "weights and KV heads"
-    b.add(rank, "more-devices", "Spread the model over more GPUs", {"--tensor-parallel-size": int(tp) * 2},
+    b.add(rank, "more-devices", "Spread the model over more GPUs", {flag: tp * 2},
           "weights per GPU halve", f"Tensor parallelism splits {what} across GPUs.")
 
 
