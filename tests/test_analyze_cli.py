@@ -196,3 +196,13 @@ def test_random_bytes_are_refused(tmp_path):
     path.write_bytes(bytes(rng.randrange(256) for _ in range(4096)))
     r = CliRunner().invoke(main, ["analyze", str(path)])
     assert r.exit_code == 2 and "binary" in r.output
+
+
+def test_a_log_whose_lines_end_with_cr_alone(tmp_path):
+    # classic Mac OS line ends (and some terminal captures): each CR ends a line, the failure is not lost (QA)
+    p = tmp_path / "cr.log"
+    p.write_bytes(FAIL.read_bytes().replace(b"\n", b"\r"))
+    lf = json.loads(run("--json", str(FAIL)).output)
+    cr = json.loads(run("--json", str(p)).output)
+    assert cr["failure"]["phase"] == lf["failure"]["phase"] != "none"
+    assert cr["failure"]["requested_mib"] == lf["failure"]["requested_mib"]

@@ -92,6 +92,16 @@ def _extra(command_line: str | None, model_path: str | None) -> dict:
     return extra
 
 
+class _CrLines:
+    """A binary file whose lines end with CR alone, read as LF-ended lines."""
+
+    def __init__(self, fh):
+        self.fh = fh
+
+    def read(self, n: int = -1) -> bytes:
+        return self.fh.read(n).replace(b"\r", b"\n")
+
+
 def _diagnose(fh, command_line: str | None, model_path: str | None = None,
               explain: bool = False, source: str = "the input") -> tuple[dict, dict | None, object | None]:
     """The diagnosis, the bundle (None for a raw log) and the log's facts (None for a bundle)."""
@@ -105,7 +115,11 @@ def _diagnose(fh, command_line: str | None, model_path: str | None = None,
         fh.seek(0)
         head = fh.read(HEAD_BYTES)
     name = getattr(fh, "name", None)
-    if isinstance(name, str) and os.path.isfile(name):
+    if b"\n" not in head and b"\r" in head:
+        # lines ended by CR alone (classic Mac OS, some serial consoles and terminal captures): each CR ends a line
+        fh.seek(0)
+        facts = parse_stream(_CrLines(fh))
+    elif isinstance(name, str) and os.path.isfile(name):
         facts = parse_file(name)  # hyperscan / grep prefilter, runs parsed once: big logs at near grep speed
     else:
         fh.seek(0)
