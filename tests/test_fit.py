@@ -100,7 +100,11 @@ def test_fit_from_a_log_fits_into_the_logs_own_free_memory(monkeypatch):
     assert r.exit_code == 0, r.output
     rep = json.loads(r.output)
     assert rep["free_mib"] == 24105.0 and "the log's free memory on CPU" in rep["free_source"]
-    assert rep["headroom_mib"] == 0.0 and not rep["fits"]
+    assert not rep["fits"]
+    # the headroom is the compute buffer the log printed for that device, as `analyze` keeps it: the two agree
+    assert rep["headroom_mib"] == 160.64 and "compute buffer the log printed" in rep["headroom_reason"]
+    d = json.loads(CliRunner().invoke(main, ["analyze", str(case / "log.txt"), "--json"]).output)
+    assert rep["max_ctx_fit"] == d["memory"]["max_ctx_fit"]
 
 
 def test_fit_with_model_and_log_keeps_the_logs_context_and_free_memory(monkeypatch, llama3_8b):

@@ -323,23 +323,34 @@ def local_free_mib(timeout: float = 3.0) -> tuple[float, str]:
     return float(free), "host RAM (no GPU found)"
 
 
-def log_free_mib(facts) -> tuple[float, str] | None:
+def log_free_mib(facts) -> tuple[float, str, float, str] | None:
     """Room for the KV on the GPUs of the log's machine (its host RAM for a CPU-only run): the free memory the log
-    printed for each at load, less
-    the model, compute and output buffers the log shows placed there (dry runs left out); (MiB, source) or None
-    when the log prints no GPU's free memory. The machine running ``kvreport fit`` is often not that one."""
+    printed for each at load, less the model and output buffers the log shows placed there (dry runs left out), and
+    the headroom the compute buffer needs next to the KV there, as ``kvreport analyze`` keeps it: the compute buffer
+    the log printed for those devices (a real attempt, else the fit step's dry run), else llama.cpp's --fit margin
+    (-fitt, :data:`DEFAULT_HEADROOM_MIB`; half of what is free on a device smaller than twice that). (room MiB,
+    source, headroom MiB, why) or None when the log prints no GPU's free memory. The machine running ``kvreport fit``
+    is often not that one."""
     from kvreport.vocab import backend_of_device
 
     printed = {n: d for n, d in (facts.devices or {}).items() if d.get("free_mib") is not None and backend_of_device(n)}
     gpus = {n: d for n, d in printed.items() if backend_of_device(n) != "cpu"} or printed  # a CPU-only run: its RAM
     if not gpus:
         return None
-    used = sum(float(b.get("mib") or 0.0) for b in facts.buffers or []
-               if b.get("device") in gpus and not b.get("dry_run")
-               and not any(w in str(b.get("kind", "")) for w in ("KV", "RS")))
-    free = sum(float(d["free_mib"]) for d in gpus.values())
-    return max(0.0, free - used), (f"the log's free memory on {', '.join(gpus)} at load, less {used:.0f} MiB of "
-                                   "model and compute buffers it placed there")
+    placed = [b for b in facts.buffers or [] if b.get("device") in gpus and b.get("mib")]
+    used = sum(float(b["mib"]) for b in placed if not b.get("dry_run")
+               and not any(w in str(b.get("kind", "")) for w in ("KV", "RS", "compute")))
+    free = max(0.0, sum(float(d["free_mib"]) for d in gpus.values()) - used)
+    comp = [float(b["mib"]) for b in placed if b.get("kind") == "compute"]
+    if comp:
+        head, why = max(comp), f"the {max(comp):,.0f} MiB compute buffer the log printed"
+    elif free < 2 * DEFAULT_HEADROOM_MIB:
+        head, why = free / 2, (f"half of it for the compute buffer (llama.cpp's --fit margin of {DEFAULT_HEADROOM_MIB:.0f} "
+                               "MiB is more than the device has)")
+    else:
+        head, why = DEFAULT_HEADROOM_MIB, "the compute buffer (llama.cpp's --fit target margin, -fitt)"
+    return free, (f"the log's free memory on {', '.join(gpus)} at load, less {used:.0f} MiB of model and output "
+                  "buffers it placed there"), head, why
 
 
 def _apply_log_context(log_ctx: dict, ctx_size, parallel, kv_unified, cache_type_k, cache_type_v) -> tuple:
@@ -366,10 +377,9 @@ def fit_from_options(model_path=None, log_path=None, hf_config=None, ctx_size=No
             log_ctx, ctx_size, parallel, kv_unified, cache_type_k, cache_type_v)
     log_room = (log_ctx or {}).pop("_free", None)
     if free_mib is None and log_room:
-        free, source = log_room
-        headroom = 0.0 if headroom_mib is None else headroom_mib
-        reason = ("none subtracted: the buffers the log placed are already taken off" if headroom_mib is None
-                  else "--headroom-mib")
+        free, source, head, why = log_room
+        headroom = head if headroom_mib is None else headroom_mib
+        reason = why if headroom_mib is None else "--headroom-mib"
     elif free_mib is None:
         free, source = local_free_mib()
         headroom = DEFAULT_HEADROOM_MIB if headroom_mib is None else headroom_mib
