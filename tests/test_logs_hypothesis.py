@@ -82,3 +82,14 @@ def _failure_lines(draw):
 @given(_failure_lines())
 def test_memory_failure_words_are_never_no_failure(line):
     assert analyze_text(line + "\n")["failure"]["phase"] != "none", line
+
+
+def test_a_line_of_megabytes_is_read_by_its_ends_in_bounded_time():
+    # a 20 MB line whose failure is at its end (QA): clean_line keeps its head and tail, so every search over it is
+    # bounded and the failure is still read
+    from kvreport.logs.common import LINE_KEEP, clean_line
+
+    raw = b"x" * (20 << 20) + b" cudaMalloc failed: out of memory\n"
+    line = clean_line(raw)
+    assert len(line) <= 2 * LINE_KEEP + 8 and line.endswith("cudaMalloc failed: out of memory")
+    assert analyze_text(raw.decode())["failure"]["phase"] != "none"

@@ -245,7 +245,7 @@ def _tgi_launcher_rules(s: Situation, change: dict) -> dict:
     max_total = to_int(s.flags.get("max_total_tokens")) or args.get("max_total_tokens")
     room = (max_total - max_in) if max_total and max_in and max_total > max_in else None
     total = out.get("--max-total-tokens")
-    if isinstance(total, int) and total > 1 and (max_in is None or max_in >= total):
+    if isinstance(total, int) and total > 1 and max_in is not None and max_in >= total:
         max_in = max(1, total - room) if room and total - room >= total // 2 else total // 2
         out["--max-input-tokens"] = max_in
     prefill = out.get("--max-batch-prefill-tokens")

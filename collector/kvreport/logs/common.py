@@ -19,6 +19,10 @@ _QUOTE = re.compile(r"^(?:\s{0,3}[>\u258e\u2502\u2503][ \t]?)+")  # "> " and the
 
 from kvreport.units import GIB, MIB  # noqa: E402,F401 - one copy of the units, re-exported for the parsers
 
+LINE_KEEP = 32 << 10
+"""Characters (or bytes) kept at each end of a line longer than twice this (:func:`clean_line`); the longest engine
+lines (an Ollama error string with its escaped runner output, a vLLM config dump) are a few KiB."""
+
 
 def clean_line(raw) -> str:
     """One raw log line (str or bytes) -> the text a parser searches: no ANSI codes, NUL, CR or
@@ -26,6 +30,10 @@ def clean_line(raw) -> str:
 
     Never raises; a code-fence line becomes ``""``.
     """
+    if isinstance(raw, (str, bytes, bytearray)) and len(raw) > 2 * LINE_KEEP:
+        # a line of megabytes (a dump, a base64 blob, a runaway progress bar): its head and its tail, where the
+        # messages are, keep every search over it bounded
+        raw = raw[:LINE_KEEP] + (b" ... " if isinstance(raw, (bytes, bytearray)) else " ... ") + raw[-LINE_KEEP:]
     if isinstance(raw, (bytes, bytearray)):
         raw = bytes(raw).decode("utf-8", "replace")
     elif not isinstance(raw, str):

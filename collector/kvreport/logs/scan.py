@@ -41,7 +41,7 @@ BLOCK = 8 << 20
 """Bytes read at a time (cut back to the last newline)."""
 MEMO_MAX = 4096
 """Remembered run chains; the memory is emptied when it is full (0: nothing is remembered, every run is parsed)."""
-_MAX_LINE = 64 << 20
+_MAX_LINE = 1 << 20
 """A line longer than this is read in parts (each part is then one line for the prefilter)."""
 
 
