@@ -935,3 +935,14 @@ def test_tgi_commands_pass_the_launchers_own_checks():
     d = analyze_text("failed to allocate KV cache (requested ctx=131072, gpu memory free=0 GiB)\n",
                      "text-generation-launcher --model-id m")
     assert all("--tensor-parallel-size" not in (s.get("command") or "") for s in d["suggestions"])
+
+
+def test_an_ollama_client_command_is_told_why_its_fix_is_a_server_command():
+    # OLLAMA_* settings are the server's: the fix for `ollama run MODEL` restarts `ollama serve` with them and says so,
+    # naming the user's own command to run again (QA)
+    from tests.paths import CORPUS_DIR
+
+    log = next(CORPUS_DIR.glob("cc-011-*")) / "log.txt"
+    d = analyze_text(log.read_text(), "ollama run qwen2.5:14b")
+    server = [s for s in d["suggestions"] if (s.get("command") or "").endswith(" ollama serve")]
+    assert server and all("`ollama run qwen2.5:14b`" in s["why"] for s in server), server

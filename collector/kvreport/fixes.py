@@ -221,6 +221,13 @@ class _Builder:
         if self.s.engine == "tgi":
             change = _tgi_launcher_rules(self.s, change)
         command = _command(self.s, change)
+        if command and command.endswith(" ollama serve") and _ollama_client(self.s):
+            user = _command_text(self.s)
+            why += (f" These are the Ollama server's settings, not `{user}`'s: restart `ollama serve` with them (the "
+                    f"command above), then run `{user}` again.")
+            if isinstance(change.get("OLLAMA_CONTEXT_LENGTH"), int):
+                why += (f" For this model alone, `/set parameter num_ctx {change['OLLAMA_CONTEXT_LENGTH']}` inside the "
+                        "`ollama run` session (or the request's options.num_ctx) does the same without a restart.")
         if _borrowed_names(self.s, change):
             title += " (vLLM's name for it: the engine is not known, use its own setting of that name)"
             command = None
