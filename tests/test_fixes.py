@@ -946,3 +946,10 @@ def test_an_ollama_client_command_is_told_why_its_fix_is_a_server_command():
     d = analyze_text(log.read_text(), "ollama run qwen2.5:14b")
     server = [s for s in d["suggestions"] if (s.get("command") or "").endswith(" ollama serve")]
     assert server and all("`ollama run qwen2.5:14b`" in s["why"] for s in server), server
+
+
+def test_a_command_ending_in_an_option_without_its_value_gets_no_rewritten_commands():
+    # "... -ngl 99 -c": a rewrite would hand -c the next flag as its value; the diagnosis says why there is none (QA)
+    d = analyze_text(_FA_AUTO_LOG, "llama-server -m m.gguf -ngl 99 -c")
+    assert d["suggestions"] and not any(s.get("command") for s in d["suggestions"])
+    assert any(f["kind"] == "command_incomplete" for f in d["findings"])

@@ -1451,6 +1451,11 @@ class _Diagnosis:
     # -- findings from the log
     def log_findings(self, failure: dict, cfg_d: dict) -> None:
         f = self.f
+        missing = self.flags.get("_missing_value")
+        if missing:
+            self.finding("command_incomplete", f"the command line ends with {', '.join(map(str, missing))} and no value "
+                         "for it (the engine refuses such a line too): no changed command is printed, as a rewrite would "
+                         "hand the option the next flag as its value")
         for w in f.warnings[:5]:
             if "rounding down to" in w:
                 self.finding("ctx_inflated_by_parallel",

@@ -1075,6 +1075,8 @@ def _llama_arity1(opt, name: str, eq: str, inline: str, args: list[str], i: int,
     elif i < len(args):
         flags[opt.canonical] = _typed_llama(opt, args[i])
         i += 1
+    else:
+        flags.setdefault("_missing_value", []).append(name)  # ("... -ngl 99 -c": the engine refuses it too)
     return i
 
 

@@ -322,6 +322,8 @@ def _command(s: Situation, change: dict) -> str | None:
         return None  # another program's command line: the change's flags are not its flags
     if s.command.get("split_error"):
         return None  # a line that does not split (a quote left open): its words are a guess, no command to paste
+    if (s.command.get("flags") or {}).get("_missing_value"):
+        return None  # an option at the end with no value ("... -c"): a rewrite would give it the next flag as value
     flag_changes = {k: v for k, v in change.items() if k.startswith("-") or k.isupper()}
     if not flag_changes:
         return None
