@@ -518,3 +518,15 @@ def test_ulimit_cases():
         path = CASE_DIR / name / "command.txt"
         if path.is_file():
             assert parse_command(path.read_text())["limits"] == {"address_space_limit_kib": kib}
+
+
+def test_a_windows_command_is_quoted_the_windows_way():
+    # cmd.exe knows no single quotes and PowerShell runs no quoted string as a program without "&": a Windows line keeps
+    # bare words bare and double-quotes the rest, "&" only where the user typed it (QA)
+    cmd = parse_command('.\\llama-server.exe -m "C:\\models\\m.gguf" -c 131072 -ngl 99')
+    assert with_changes(cmd, {"--ctx-size": 4096}) == ".\\llama-server.exe -m C:\\models\\m.gguf -c 4096 -ngl 99"
+    cmd = parse_command('& "C:\\Program Files\\llama\\llama-server.exe" -m "C:\\my models\\m.gguf" -c 131072')
+    assert with_changes(cmd, {"--ctx-size": 4096}) == \
+        '& "C:\\Program Files\\llama\\llama-server.exe" -m "C:\\my models\\m.gguf" -c 4096'
+    for line in (".\\llama-server.exe -m m.gguf -c 4096", '& "C:\\a b\\llama-server.exe" -c 1'):
+        assert parse_command(with_changes(parse_command(line), {"--ctx-size": 2048}))["flags"]["n_ctx"] == 2048

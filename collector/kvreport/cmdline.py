@@ -1516,8 +1516,37 @@ def with_changes(command: dict, changes: dict[str, object]) -> str:
     words = [_quote_assign(a) for a in assigns]
     docker_prefix = found.prefix if found.prefix and found.prefix[0] in (
         "docker", "podman", "nvidia-docker", "nerdctl") else []
-    words += [_quote(t) for t in docker_prefix + found.program_part + args]
-    return " ".join(words)
+    return " ".join(words + _quoted_words(command, docker_prefix + found.program_part + args))
+
+
+def _quoted_words(command: dict, tokens: list[str]) -> list[str]:
+    """``tokens`` quoted for the shell the user typed in: POSIX (:func:`_quote`), or cmd.exe / PowerShell
+    (:func:`_quote_windows`, PowerShell's ``&`` call operator kept when the user's line began with it)."""
+    if not _is_windows_command(command, tokens):
+        return [_quote(t) for t in tokens]
+    words = [_quote_windows(t) for t in tokens]
+    if words and words[0].startswith('"') and str(command.get("line") or "").lstrip().startswith("&"):
+        words.insert(0, "&")
+    return words
+
+
+_WINDOWS_PATH = re.compile(r"^(?:[A-Za-z]:\\|\.\\|\\\\[\w.])|\.exe$", re.I)
+"""A word of a Windows command line: a drive path (``C:\\models``), ``.\\llama-server.exe``, a UNC path, an .exe."""
+
+
+def _is_windows_command(command: dict, tokens: list[str]) -> bool:
+    """The user typed a Windows command line (cmd.exe or PowerShell): its words are quoted the Windows way."""
+    if command.get("line") and _clean_line(str(command["line"]))[1]:
+        return True
+    return any(_WINDOWS_PATH.search(str(t)) for t in tokens[:3])
+
+
+def _quote_windows(token: str) -> str:
+    """cmd.exe / PowerShell quoting: a word with no space or special character stays bare (``C:\\models\\m.gguf``),
+    else it is double-quoted (cmd.exe knows no single quotes)."""
+    if token and not re.search(r"[\s\"'&|<>^;,()`$]", token):
+        return token
+    return '"' + token.replace('"', '\\"') + '"'
 
 
 _KOBOLD_FROM_LLAMA = {"--ctx-size": "--contextsize", "-c": "--contextsize", "-ngl": "--gpulayers",
