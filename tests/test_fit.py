@@ -211,3 +211,14 @@ def test_fit_from_an_hf_config_speaks_vllm_cache_types(tmp_path):
     assert set(rep["max_ctx_fit"]) == {"f16", "fp8"}
     assert rep["kv_bytes_per_token_by_type"]["fp8"] * 2 == rep["kv_bytes_per_token_by_type"]["f16"]
     assert not any("-fa" in n for n in rep["notes"])
+
+
+def test_fit_answers_for_the_cache_types_asked_for(llama3_8b):
+    # -ctk q8_0 alone (V stays f16) or a pair outside the table's rows: the summary gives that pair's own context first
+    r = CliRunner().invoke(main, ["fit", "--model", str(llama3_8b), "--free-mib", "8192", "-ctk", "q8_0"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(CliRunner().invoke(main, ["fit", "--model", str(llama3_8b), "--free-mib", "8192", "-ctk", "q8_0",
+                                               "--json"]).output)
+    asked = rep["max_ctx_fit_requested_types"] // 256 * 256
+    assert rep["max_ctx_fit"]["f16"] < asked < rep["max_ctx_fit"]["q8_0"]
+    assert f"caps the context at {asked:,} tokens at K q8_0 / V f16" in r.output

@@ -214,6 +214,11 @@ def render_fit(rep: dict[str, Any], shape: ModelShape) -> str:
         if ex.get("q8_0", q8) != q8:
             q8s += f" ({ex['q8_0']:,} before rounding down to a multiple of 256, as llama.cpp pads -c up to 256)"
         parts.append(q8s)
+    if tk != tv or tk not in rep["max_ctx_fit"]:
+        # the types asked for (-ctk / -ctv) are not one of the rows: their own figure, first
+        asked_fit = int(rep["max_ctx_fit_requested_types"]) // 256 * 256
+        parts.insert(0, f"{asked_fit:,} tokens at {types_label} (the types asked for)")
+        parts[1] = parts[1].replace(" tokens at f16", " at f16")
     lines.append("The KV cache alone caps the context at " + " and ".join(parts) + ".")
     lines.append("Model weights and compute buffers are not counted: the real limit is lower unless "
                  "--headroom-mib covers them.")
