@@ -222,3 +222,21 @@ def test_fit_answers_for_the_cache_types_asked_for(llama3_8b):
     asked = rep["max_ctx_fit_requested_types"] // 256 * 256
     assert rep["max_ctx_fit"]["f16"] < asked < rep["max_ctx_fit"]["q8_0"]
     assert f"caps the context at {asked:,} tokens at K q8_0 / V f16" in r.output
+
+
+def test_fit_of_a_config_with_a_vllm_log_uses_its_max_model_len_and_its_pool(tmp_path):
+    # a vLLM log has no -c and no llama.cpp --fit margin: its max_model_len is the context asked for and its KV pool
+    # (here "can be stored in KV cache (20000)" tokens) the budget (QA)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+                               "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                               "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}))
+    log = tmp_path / "vllm.log"
+    log.write_text("ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that can be "
+                   "stored in KV cache (20000). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` "
+                   "when initializing the engine.\n")
+    r = CliRunner().invoke(main, ["fit", "--config", str(cfg), "--log", str(log), "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert rep["inputs"]["ctx_size"] == 32768 and rep["headroom_mib"] == 0.0 and not rep["fits"]
+    assert 19_000 < min(rep["max_ctx_fit"].values()) <= 20_000  # the 16-bit row: the pool itself

@@ -298,6 +298,9 @@ def _log_context(facts) -> dict:
     room = log_free_mib(facts)
     if room:
         ctx["_free"] = room
+    v = {k: facts.vllm[k] for k in ("max_model_len", "pool_tokens", "available_kv_mib") if (facts.vllm or {}).get(k)}
+    if v:
+        ctx["_vllm"] = v  # (a vLLM log: its max_model_len and its KV pool, in tokens or MiB)
     return ctx
 
 
@@ -381,6 +384,24 @@ def fit_from_options(model_path=None, log_path=None, hf_config=None, ctx_size=No
         ctx_size, parallel, kv_unified, cache_type_k, cache_type_v = _apply_log_context(
             log_ctx, ctx_size, parallel, kv_unified, cache_type_k, cache_type_v)
     log_room = (log_ctx or {}).pop("_free", None)
+    vllm = (log_ctx or {}).pop("_vllm", None)
+    if vllm and ctx_size is None and vllm.get("max_model_len"):
+        ctx_size = int(vllm["max_model_len"])  # (vLLM sizes its pool for --max-model-len; there is no -c)
+    if vllm and free_mib is None and (vllm.get("available_kv_mib") or vllm.get("pool_tokens")):
+        # vLLM's own KV pool is the budget: what it printed in MiB, else its size in tokens at this model's cost
+        if vllm.get("available_kv_mib"):
+            free, source = float(vllm["available_kv_mib"]), "the KV cache memory vLLM printed"
+        else:
+            pool = int(vllm["pool_tokens"])
+            per_token = kv_size(shape, KVConfig(n_ctx=CTX_PAD, cache_type_k=cache_type_k or "f16",
+                                                cache_type_v=cache_type_v or "f16")).bytes_per_token
+            free = pool * per_token / MIB  # (exactly the pool's tokens: no llama.cpp padding of n_ctx here)
+            source = f"vLLM's KV pool of {pool:,} tokens the log printed, at this model's cost"
+        rep = fit_report(shape, ctx_size, free, parallel, kv_unified, cache_type_k, cache_type_v, swa_full,
+                         0.0 if headroom_mib is None else headroom_mib, free_source=source,
+                         headroom_reason="none: vLLM's pool is what is left after weights and activations"
+                         if headroom_mib is None else "--headroom-mib")
+        return rep, shape
     if free_mib is None and log_room:
         free, source, head, why = log_room
         headroom = head if headroom_mib is None else headroom_mib
