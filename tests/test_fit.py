@@ -240,3 +240,11 @@ def test_fit_of_a_config_with_a_vllm_log_uses_its_max_model_len_and_its_pool(tmp
     rep = json.loads(r.output)
     assert rep["inputs"]["ctx_size"] == 32768 and rep["headroom_mib"] == 0.0 and not rep["fits"]
     assert 19_000 < min(rep["max_ctx_fit"].values()) <= 20_000  # the 16-bit row: the pool itself
+
+
+def test_free_mib_takes_a_unit(llama3_8b):
+    for value in ("8GiB", "8 GB", "8192MiB", "8192"):
+        r = CliRunner().invoke(main, ["fit", "--model", str(llama3_8b), "--free-mib", value, "--json"])
+        assert r.exit_code == 0 and json.loads(r.output)["free_mib"] == 8192.0, (value, r.output)
+    r = CliRunner().invoke(main, ["fit", "--model", str(llama3_8b), "--free-mib", "8 apples"])
+    assert r.exit_code == 2 and "is not a number of MiB" in r.output

@@ -21,15 +21,22 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 
 
 
 class _MiB(click.ParamType):
-    """A finite amount of memory in MiB, >= 0 (``inf`` and ``nan`` are refused)."""
+    """A finite amount of memory in MiB, >= 0 (``inf`` and ``nan`` are refused); a unit may follow the number
+    (``8GiB``, ``8 GB``, ``512MiB``: GB and MB read as GiB and MiB, as the engines print them)."""
 
     name = "MiB"
 
     def convert(self, value, param, ctx):
         import math
+        import re
 
+        from kvreport.logs.common import size_to_mib
+
+        m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*((?:[KMGT]i?B)|B|bytes)?\s*", str(value), re.I)
         try:
-            number = float(value)
+            number = float(m.group(1)) if m else float(value)
+            if m and m.group(2):
+                number = size_to_mib(number, m.group(2))
         except (TypeError, ValueError):
             self.fail(f"{value!r} is not a number of MiB", param, ctx)
         if not math.isfinite(number) or number < 0:
