@@ -206,3 +206,12 @@ def test_a_log_whose_lines_end_with_cr_alone(tmp_path):
     cr = json.loads(run("--json", str(p)).output)
     assert cr["failure"]["phase"] == lf["failure"]["phase"] != "none"
     assert cr["failure"]["requested_mib"] == lf["failure"]["requested_mib"]
+
+
+@pytest.mark.parametrize("text", ["{}", "[1, 2]", '{"a": [1, {"b": null}]}'])
+def test_json_with_no_text_is_neither_a_bundle_nor_a_log(tmp_path, text):
+    # (QA) one clear line and exit 2, not "no failure" with exit 1
+    p = tmp_path / "x.json"
+    p.write_text(text)
+    r = run(str(p))
+    assert r.exit_code == 2 and "neither a kvreport bundle nor an engine log" in r.output

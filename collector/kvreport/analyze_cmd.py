@@ -52,6 +52,16 @@ def _open(path: str):
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
+def _has_text(obj, depth: int = 0) -> bool:
+    """A JSON value holds a string somewhere (a log record's message, a bundle's fields): ``{}``, ``[1, 2]`` hold none."""
+    if isinstance(obj, str):
+        return bool(obj.strip())
+    if depth > 8:
+        return True
+    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, list) else ()
+    return any(_has_text(v, depth + 1) for v in values)
+
+
 def _as_bundle(head: bytes, fh) -> dict | None:
     """The bundle in a JSON file, validated; None when the file is not a JSON object (a log)."""
     data = head + fh.read()
@@ -63,6 +73,8 @@ def _as_bundle(head: bytes, fh) -> dict | None:
         if b"kvreport/bundle@" in data[:400]:  # a bundle cut short or edited by hand: never read as a log
             raise InputError(f"not a valid bundle: its JSON does not parse ({exc})") from None
         return None  # e.g. JSON lines of a log (--log-jsonl): read as a log
+    if not _has_text(obj):
+        raise InputError("the input is JSON with no text in it: neither a kvreport bundle nor an engine log")
     if not isinstance(obj, dict):
         return None
     if "schema" not in obj and isinstance(obj.get("bundle"), dict):
@@ -107,6 +119,14 @@ def _diagnose(fh, command_line: str | None, model_path: str | None = None,
     """The diagnosis, the bundle (None for a raw log) and the log's facts (None for a bundle)."""
     head = fh.read(HEAD_BYTES)
     refuse(head, source)
+    if head.lstrip().startswith(b"[") and len(head) < HEAD_BYTES:
+        # (a whole input that is one JSON array: "[1, 2]" is no log; a log line that starts with "[" does not parse)
+        try:
+            arr = json.loads(head.decode("utf-8", "replace"))
+        except (ValueError, RecursionError):
+            arr = None
+        if isinstance(arr, list) and not _has_text(arr):
+            raise InputError("the input is JSON with no text in it: neither a kvreport bundle nor an engine log")
     if head.lstrip().startswith(b"{"):
         bundle = _as_bundle(head, fh)
         if bundle is not None:
