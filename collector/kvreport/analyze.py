@@ -1612,7 +1612,7 @@ class _Diagnosis:
             ollama_layer=self._ollama_layer(failure),
             ollama_service=bool(f.ollama.get("systemd")),
             fa_auto_disabled=f.ctx.get("flash_attn_resolved") == "disabled",
-            fa_takes_value=str(f.ctx.get("flash_attn") or "").lower() in ("auto", "on", "off", "enabled", "disabled"),
+            fa_logged=str(f.ctx.get("flash_attn") or "").lower() or None,
             split_room_mib=self._split_room(failure),
             max_ctx_fit_now=self.fit_now,
             kv_examples_fit=self._examples_fit() if self.summary and size is None else [],

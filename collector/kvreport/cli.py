@@ -28,15 +28,15 @@ class _MiB(click.ParamType):
 
     def convert(self, value, param, ctx):
         import math
-        import re
 
-        from kvreport.logs.common import size_to_mib
+        from kvreport.cmdline import (
+            _size_bytes,  # (the command lines' sizes: one reading of "8g", "8 GB", "512MiB")
+        )
+        from kvreport.units import MIB
 
-        m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*((?:[KMGT]i?B)|B|bytes)?\s*", str(value), re.I)
+        size = _size_bytes(str(value), default_unit="m")
         try:
-            number = float(m.group(1)) if m else float(value)
-            if m and m.group(2):
-                number = size_to_mib(number, m.group(2))
+            number = size / MIB if size is not None else float(value)
         except (TypeError, ValueError):
             self.fail(f"{value!r} is not a number of MiB", param, ctx)
         if not math.isfinite(number) or number < 0:

@@ -397,12 +397,10 @@ def fit_from_options(model_path=None, log_path=None, hf_config=None, ctx_size=No
                                                 cache_type_v=cache_type_v or "f16")).bytes_per_token
             free = pool * per_token / MIB  # (exactly the pool's tokens: no llama.cpp padding of n_ctx here)
             source = f"vLLM's KV pool of {pool:,} tokens the log printed, at this model's cost"
-        rep = fit_report(shape, ctx_size, free, parallel, kv_unified, cache_type_k, cache_type_v, swa_full,
-                         0.0 if headroom_mib is None else headroom_mib, free_source=source,
-                         headroom_reason="none: vLLM's pool is what is left after weights and activations"
-                         if headroom_mib is None else "--headroom-mib")
-        return rep, shape
-    if free_mib is None and log_room:
+        headroom = 0.0 if headroom_mib is None else headroom_mib
+        reason = ("none: vLLM's pool is what is left after weights and activations" if headroom_mib is None
+                  else "--headroom-mib")
+    elif free_mib is None and log_room:
         free, source, head, why = log_room
         headroom = head if headroom_mib is None else headroom_mib
         reason = why if headroom_mib is None else "--headroom-mib"

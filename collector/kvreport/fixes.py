@@ -166,9 +166,9 @@ class Situation:
     """vLLM's sampler warm-up ran out of memory ("CUDA out of memory occurred when warming up sampler with N dummy
     requests"), wherever the log placed the failure."""
     fa_auto_disabled: bool = False
-    fa_takes_value: bool = False
-    """The user's build reads -fa with a value (on/off/auto): its command or its log said so ("-fa off",
-    "llama_context: flash_attn = auto"), whatever build number the log printed."""
+    fa_logged: str | None = None
+    """The flash_attn value the log printed ("llama_context: flash_attn = auto"; "0"/"1" on builds whose -fa took no
+    value): one of :data:`_FA_WORDS` says the build reads -fa with a value, whatever build number the log printed."""
     """llama.cpp's "auto" flash attention was turned off for this model and backend ("Flash Attention was auto, set to
     disabled"): turning it on would be refused as well."""
     limit_seqs: int | None = None
@@ -372,7 +372,7 @@ def _fa_on(s: Situation) -> dict:
     typed = str((s.flags or {}).get("flash_attn", "")).lower()
     if s.flash_attn is True and typed not in ("off", "0", "false", "disabled"):
         return {}  # (a command that says -fa off keeps it off when pasted, whatever the log printed)
-    if s.fa_takes_value or typed in _FA_WORDS:
+    if s.fa_logged in _FA_WORDS or typed in _FA_WORDS:
         return {"--flash-attn": "on"}  # (a bare -fa would take the next argument as its value on such a build)
     return {"--flash-attn": True} if s.engine_build and s.engine_build < FA_VALUE_BUILD else {"--flash-attn": "on"}
 

@@ -1162,12 +1162,10 @@ RULES: tuple[OomRule, ...] = (
     # -- a planner's own budget check before it allocates: FreeToken (2026) "AssertionError: cache budget too small:
     #    minimum plan (moe=1024 slots, kv=128 pages) needs 3046637568 B > budget -1868787708 B (raise memory_ratio,
     #    lower kv_reserve_tokens, or free GPU memory)" (bytes; the budget is what is left after the weights)
-    OomRule("plan-over-budget", ("budget too small", "> budget"),
-            re.compile(r"(?i:\bbudget too small\b.{0,200}?needs? (?P<n>-?\d+) ?(?:B|bytes) ?> ?budget (?P<b>-?\d+) ?(?:B|bytes)"
-                       r"|\bneeds? (?P<n2>-?\d+) ?(?:B|bytes) ?> ?budget (?P<b2>-?\d+) ?(?:B|bytes)\b)"), None,
+    OomRule("plan-over-budget", ("> budget",),
+            re.compile(r"(?i:\bneeds? (?P<n>-?\d+) ?(?:B|bytes) ?> ?budget (?P<b>-?\d+) ?(?:B|bytes)\b)"), None,
             "FlashML-org/FreeToken#409 (its cache planner)", phase="memory_budget",
-            read=lambda m: {"mib": _mib(m.group("n") or m.group("n2"), None),
-                            "free_mib": _mib(m.group("b") or m.group("b2"), None)}),
+            read=lambda m: {"mib": _mib(m.group("n"), None), "free_mib": _mib(m.group("b"), None)}),
     # -- the net: any other line in the words of a memory failure (format not fully understood)
     OomRule("memory-words", (*case_variants("out of memory", "out-of-memory", "insufficient memory", "not enough memory",
                                             "failed to allocate", "unable to allocate", "could not allocate",
@@ -1517,7 +1515,7 @@ def _net_data(line: str) -> dict | None:
     out = {}
     buf = _NET_BUFFER.search(line)
     if buf:
-        out["phase"] = _NET_BUFFER_PHASE[buf.group(1).lower()[:2]]
+        out["phase"] = buf.lastgroup  # (the group's name is the phase)
     size = _NET_SIZE.search(line) or _NET_SIZE_PAREN.search(line)
     if not size or (not size.group(2) and "buffer of size" not in size.group(0)):
         return out  # a bare number is bytes only after "buffer of size" (ONNX Runtime's arena)
@@ -1526,10 +1524,10 @@ def _net_data(line: str) -> dict | None:
 
 
 _NET_BUFFER = re.compile(r"(?i)\balloc\w*\s+(?:(?:memory|space|the|a|persistent|device|host|gpu)\s+){0,3}"
-                         r"(?:for\s+(?:the\s+)?)?(weights?|kv[ _-]?cache|compute|graph)\b")
+                         r"(?:for\s+(?:the\s+)?)?(?:(?P<model_weights>weights?)|(?P<kv_cache>kv[ _-]?cache)|"
+                         r"(?P<compute_buffer>compute|graph))\b")
 """An allocation the line itself names the buffer of ("Could not allocate persistent weights buffer!", QNN ExecuTorch;
 "unable to allocate memory for the KV cache"; "failed to allocate compute buffer"): that buffer's phase."""
-_NET_BUFFER_PHASE = {"we": "model_weights", "kv": "kv_cache", "co": "compute_buffer", "gr": "compute_buffer"}
 
 
 _WORDS = KeywordSet(KEYWORDS)
