@@ -417,6 +417,16 @@ EXAMPLES = [
      "memory_budget"),
     ("oom-killer", "09-04 12:44:09.871  1402  1591 I lowmemorykiller: Kill 'com.Vali98.ChatterUI' (18770), uid 10412, "
                    "oom_score_adj 0 to free 9871232kB rss, 0kB swap; reason: device is low on swap", "cpu", "unknown"),
+    # the request-length net (ctransformers via LangChain, GPT4All's backend via privateGPT, LocalAI's llama backend)
+    ("context-words", "Number of tokens (757) exceeded maximum context length (512).", None, "kv_capacity"),
+    ("context-words", "ERROR: The prompt size exceeds the context window size and cannot be processed.GPT-J ERROR: The "
+                      "prompt is2614tokens and the context window is2048!", None, "kv_capacity"),
+    ("context-words", "1:45PM DBG GRPC(qwen2.5-coder-32b-instruct-127.0.0.1:39337): stdout Context exhausted. Slot 5 "
+                      "released (0 tokens in cache)", None, "kv_capacity"),
+    ("kv-slot", "Sorry, there was a problem talking to the backend: RuntimeError('llama_decode returned 1')", None,
+     "kv_capacity"),
+    ("engine:sglang", "AssertionError: Not enough space for mamba ping pong idx, try to increase "
+                      "--mamba-full-memory-ratio.", None, "kv_capacity"),
     ("torch-allocator-warning", "[rank0]:[W922 05:15:28] memory allocation failed with OOM on device 0 while trying to "
                                 "allocate 3630170112 bytes (free: 202833920, total: 25250627584).", "cuda", "unknown"),
 ]
@@ -459,6 +469,37 @@ def test_a_failure_line_that_is_not_memory_is_unknown_not_none():
     d = analyze_text("CUDA error: an illegal memory access was encountered\nggml-cuda.cu:106: CUDA error\n")
     # (ggml's abort line ends a crash: a known-good build is the one fix, never a memory one)
     assert d["failure"]["phase"] == "unknown" and [x["id"] for x in d["suggestions"]] == ["bisect-regression"]
+
+
+@pytest.mark.parametrize("line", [
+    "radv/amdgpu: The CS has been cancelled because the context is lost.\n"
+    "terminate called after throwing an instance of 'vk::DeviceLostError'\n  what():  vk::Queue::submit: ErrorDeviceLost",
+    "ollama: srv update_slots: decode() failed: vk::Queue::submit: ErrorDeviceLost",
+    "4.45.745.058 E ggml_vulkan: device lost on Vulkan0",
+    "srv    send_error: task id = 0, error: decode() failed",
+    '7:23PM ERR Server error error="rpc error: code = Unavailable desc = error reading from server: EOF"',
+    "(EngineCore_DP0 pid=5704) ERROR 01-06 06:43:02 [mooncake_connector.py:330] Failed to transfer KV cache for request "
+    "cmpl-1: Mooncake transfer failed, ret: -1",
+])
+def test_failures_that_are_not_memory_are_unknown_never_none(line):
+    """A lost GPU, a request llama-server failed, a gRPC call to a dead runner, a vLLM ERROR record: failures whose
+    cause the log does not tie to memory (phase unknown), never "no failure"."""
+    f = analyze_text(line + "\n")["failure"]
+    assert f["phase"] == "unknown" and f["allocator_error"] is None, f
+
+
+def test_a_traceback_of_error_records_does_not_hide_the_step_after_the_oom():
+    """vLLM V1 prints the OOM first and its chained traceback after, every line an ERROR record: the step its frames
+    name (run_busy_loop: serving) still places the OOM."""
+    pre = "(EngineCore_DP0 pid=8402) ERROR 10-24 01:26:57 [core.py:710] "
+    log = "".join(pre + x + "\n" for x in (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 960.00 MiB. GPU 0 has a total capacity of "
+        "79.14 GiB of which 712.75 MiB is free.", "", "The above exception was the direct cause of the following "
+        "exception:", "", "Traceback (most recent call last):",
+        '  File "/usr/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 701, in run_engine_core',
+        "    engine_core.run_busy_loop()"))
+    f = analyze_text(log)["failure"]
+    assert (f["phase"], f["requested_mib"]) == ("compute_buffer", 960.0), f
 
 
 def test_recovered_memory_error_is_a_finding():

@@ -48,7 +48,7 @@ import re
 from kvreport import fixes, strict
 from kvreport.logs import LogFacts, parse_log
 from kvreport.logs.common import MIB, to_float, to_int
-from kvreport.logs.oom import HOST_RULES, REQUEST_RULES, backend_of_words
+from kvreport.logs.oom import FATAL, HOST_RULES, REQUEST_RULES, backend_of_words
 from kvreport.signature import signature
 from kvreport.units import BYTES_PER_VALUE, fmt_mib
 from kvreport.vocab import BACKEND_DEVICE_PREFIX, ENGINES, backend_of_device  # noqa: F401 - re-exported
@@ -701,6 +701,12 @@ class _Diagnosis:
         evs = [e for e in real if e["kind"] == "oom" and not e.get("generic") and e.get("memory", True)
                and not (e.get("rule") in HOST_RULES and out["phase"] in ("kv_capacity", "memory_budget"))]
         if not evs:
+            # a failure that is not about memory, on the device its own lines name (ggml's CUDA error block "current
+            # device: 1" after an illegal memory access; ggml-vulkan's "device lost on Vulkan0")
+            named = [e for e in real if e.get("rule") == FATAL.id and (e.get("device_index") is not None
+                                                                         or e.get("device_name"))]
+            if out["phase"] == "unknown" and not out["failing_device"]:
+                out["failing_device"] = next(filter(None, map(self._oom_device, reversed(named))), None)
             return
         ev = evs[-1]
         if out["backend"] == "unknown" and ev.get("backend"):
@@ -1649,7 +1655,12 @@ def _first_of_burst(events: list[dict]) -> dict:
 
 
 def _r2(x) -> float | None:
-    return None if x is None else round(float(x), 2)
+    """MiB to 2 decimals; under 0.01 MiB three significant digits, so a request of 12 bytes (mlx's "[malloc_or_wait]
+    Unable to allocate 12 bytes") is not written as 0."""
+    if x is None:
+        return None
+    x = float(x)
+    return float(f"{x:.3g}") if 0 < abs(x) < 0.01 else round(x, 2)
 
 
 def _fmt(x) -> str:

@@ -983,6 +983,22 @@ def _bisect_crash(b: _Builder, rank: float) -> None:
           "(playbook step 7).")
 
 
+def _shorter_kernels(b: _Builder, rank: float) -> None:
+    """A quarter of the micro-batch (at least 64 tokens): each kernel of the prefill does a quarter of the work, so a
+    GPU watchdog that reset a long one is not reached; memory is not the question here."""
+    s = b.s
+    ub = s.n_ubatch or 512
+    new_ub = max(64, ub // 4)
+    if new_ub >= ub:
+        return
+    change = {"num_batch": new_ub} if _is_ollama(s) else {"--ubatch-size": new_ub}
+    b.add(rank, "reduce-batch", f"Lower the micro-batch to {new_ub}", change,
+          f"each prefill kernel does {new_ub} tokens' work instead of {ub}",
+          "The driver reset the GPU while a batch ran (a lost device): kernels that run longer than the driver's "
+          "watchdog (amdgpu's job timeout, Windows' TDR) are reset, and their time grows with the micro-batch. If a "
+          "small batch fails too, the driver or the build is at fault (try a known-good build).")
+
+
 def _smaller_model(b: _Builder, rank: float) -> None:
     why = ("The weights were refused although they fit the free memory the log reported; a smaller model only helps "
            "under the same limit." if b.s.verdict == "fits_but_failed"
@@ -1884,6 +1900,19 @@ def crashed(s: Situation) -> bool:
     return s.phase == "unknown" and not s.has_memory_event and bool(CRASH.search(s.final_error or ""))
 
 
+_WATCHDOG = re.compile(r"ErrorDeviceLost|DeviceLostError|\bdevice lost\b|DEVICE_HUNG|\b887A0006\b|context is lost")
+"""A GPU the driver reset under a running batch: Vulkan's VK_ERROR_DEVICE_LOST (vulkan-hpp "vk::Queue::submit:
+ErrorDeviceLost", ggml-vulkan "device lost on Vulkan0"), amdgpu's "The CS has been cancelled because the context is
+lost" after its ring timeout, DirectX's DXGI_ERROR_DEVICE_HUNG (887A0006)."""
+
+
+def gpu_watchdog(s: Situation) -> bool:
+    """A crash in which the driver reset the GPU under a running batch (:data:`_WATCHDOG`): a kernel that outran the
+    driver's watchdog (amdgpu's job timeout, Windows' TDR) during a long prefill is the usual cause, and a smaller
+    micro-batch shortens every kernel (ollama#17870, fh-003: num_batch 128 ran the prompt that crashed at 512)."""
+    return s.phase == "unknown" and not s.has_memory_event and bool(_WATCHDOG.search(s.final_error or ""))
+
+
 def huge_ctx(s: Situation) -> bool:
     """An unplaced memory failure at a context of 32768 tokens or more: the context is the likely cause."""
     return (s.n_ctx or 0) >= 32768
@@ -2099,6 +2128,8 @@ RULES: tuple[Rule, ...] = (
     _r("reduce-parallel", LLAMA, "kv_capacity", always, 0, _slots_for_full_kv),
     _r("raise-ctx", LLAMA, "kv_capacity", not_request_refused, 0.5, _raise_ctx),
     _r("reduce-batch", LLAMA, "kv_capacity", not_request_refused, 1, _reduce_batch),
+    _r("reduce-batch", LLAMA, _UNK, gpu_watchdog, -1.5, _shorter_kernels),
+    _r("bisect-regression", LLAMA, _UNK, gpu_watchdog, -1, _bisect_crash),
     _r("bisect-regression", LLAMA, _UNK, crashed, -1, _bisect_crash),
     _r("bisect-regression", LLAMA, _UNK, unknown_arch, -1, _update_for_arch),
     _r("enable-flash-attn", LLAMA, _UNK, v_quant_needs_fa, -1, _flash_for_v_cache),
@@ -2212,7 +2243,7 @@ def suggest_explained(s: Situation, limit: int = 4) -> tuple[list[dict], list[di
     return out, [{"id": d["id"], "rank": b.origin[d["id"]][0], "rule": b.origin[d["id"]][1]} for d in out]
 
 
-NOT_MEMORY_CONDITIONS = (crashed, v_quant_needs_fa, unknown_arch)
+NOT_MEMORY_CONDITIONS = (gpu_watchdog, crashed, v_quant_needs_fa, unknown_arch)
 """The conditions of the rows for failures that are not about memory (see :func:`suggest_explained`)."""
 
 

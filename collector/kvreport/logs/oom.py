@@ -663,18 +663,21 @@ RULES: tuple[OomRule, ...] = (
     OomRule("kv-slot", ("KV cache slot", "kv cache slot", "memory slot for", "free space in the KV cache",
                         "failed to prepare attention ubatches", "KV cache is full", "too big compared to KV size",
                         "Context size has been exceeded", "context size has been exceeded", "context size exceeded",
-                        "failed to decode, ret = 1", "NoKvSlot"),
+                        "failed to decode, ret = 1", "NoKvSlot", "llama_decode returned 1"),
             re.compile(r"(?i:failed to find (?:a )?(?:kv cache slot|memory slot for (?:u?batch)|free space in the kv cache)"
                        r"|failed to prepare attention ubatches|kv cache is full|too big compared to kv size"
                        r"|context size has been exceeded|^context size exceeded$|failed to decode, ret = 1\b)"
                        # LLamaSharp names llama_decode's return codes (DecodeResult.NoKvSlot = 1)
-                       r"|llama_decode failed: '?NoKvSlot\b"),
+                       r"|llama_decode failed: '?NoKvSlot\b"
+                       # llama-cpp-python's exception for it (_internals.py: RuntimeError(f"llama_decode returned {n}"))
+                       r"|llama_decode returned 1\b"),
             None, "llama.cpp llama_decode (llama-context.cpp), the hybrid memory's init_batch (llama-memory-hybrid.cpp), "
             "llama-server update_slots ('failed to decode the batch: KV cache is full', 'Input prompt is too big "
             "compared to KV size', 'Context size has been exceeded'); examples/simple-chat and llama-run's own check "
             "('context size exceeded' alone on its line); llama_decode's return value 1, 'could not find a KV slot for the "
             "batch' (llama.h), as the examples abort on it ('failed to decode, ret = 1') and LLamaSharp names it "
-            "(LLamaDecodeError: llama_decode failed: 'NoKvSlot', LLamaSharp#660)", phase="kv_capacity",
+            "(LLamaDecodeError: llama_decode failed: 'NoKvSlot', LLamaSharp#660) and llama-cpp-python raises it "
+            "(RuntimeError('llama_decode returned 1'), home-llm#188)", phase="kv_capacity",
             engine="llama.cpp"),
     OomRule("kv-slot-ollama", ("could not find a kv cache slot", "could not find a KV cache slot"),
             re.compile(r"(?i:could not find a kv cache slot)"), None, "Ollama runner kvcache/causal.go (2024-2026)",
@@ -1166,6 +1169,23 @@ RULES: tuple[OomRule, ...] = (
             re.compile(r"(?i:\bneeds? (?P<n>-?\d+) ?(?:B|bytes) ?> ?budget (?P<b>-?\d+) ?(?:B|bytes)\b)"), None,
             "FlashML-org/FreeToken#409 (its cache planner)", phase="memory_budget",
             read=lambda m: {"mib": _mib(m.group("n"), None), "free_mib": _mib(m.group("b"), None)}),
+    # -- the second net: a request or a sequence that outgrew the context, in words no rule above knows (format not
+    #    fully understood). Read in real reports: ctransformers' "Number of tokens (757) exceeded maximum context
+    #    length (512)." (llm.py, via LangChain), GPT4All's backend "GPT-J ERROR: The prompt is2614tokens and the context
+    #    window is2048!" (llmodel_shared.cpp, via privateGPT), LocalAI's llama.cpp backend "Context exhausted. Slot 5
+    #    released"; the context (the KV window) is too small for the request, not the memory for the context.
+    #    llama.cpp's own "n_ctx_per_seq > n_ctx_train -- possible training context overflow" is a warning
+    #    (:data:`_NOT_FAILURES`).
+    OomRule("context-words", (*case_variants("context length", "context window", "context size", "maximum context",
+                                             "context limit", "context exhausted", "context exceeded",
+                                             "context is full", "context full", "context overflow"), "n_ctx"),
+            re.compile(r"(?i:\b(?:prompt|input|request|tokens?|sequence|message)s?\b[^\n]{0,60}?\b(?:exceed(?:s|ed|ing)?|"
+                       r"(?:is |are )?(?:longer|larger|greater|more) than|too (?:long|large|big) for)\b[^\n]{0,40}?"
+                       r"\b(?:context(?: window| length| size| limit)?|n_ctx)\b|"
+                       r"\bprompt is\s*\d+\s*tokens and the context (?:window|size|length) is\s*\d+|"
+                       r"\bcontext (?:window |length |size )?(?:exhausted|exceeded|(?:is )?full|overflow(?:ed|s)?)\b)"),
+            None, "the request-length net (kvreport's failure layer): ctransformers, GPT4All, LocalAI as their reports show",
+            phase="kv_capacity", generic=True),
     # -- the net: any other line in the words of a memory failure (format not fully understood)
     OomRule("memory-words", (*case_variants("out of memory", "out-of-memory", "insufficient memory", "not enough memory",
                                             "failed to allocate", "unable to allocate", "could not allocate",
@@ -1174,7 +1194,7 @@ RULES: tuple[OomRule, ...] = (
                                             "allocation failed", "memory allocation",
                                             "not enough space to allocate", "memory limit exceeded",
                                             "memory limit exceeds"),
-                             "OutOfMemory", "OUT_OF_MEMORY", "more system memory", "requires more memory",
+                             "OutOfMemory", "OUT_OF_MEMORY", "out_of_memory", "more system memory", "requires more memory",
                              "memory object", "Malloc failed", "GPU resources", "sufficient memory", "not fit in",
                              "OOM", "oom"),
             re.compile(r"(?i:out[ _-]?of[ _-]?memory|insufficient[ _]memory|not enough (?:\w+ )?memory|"
@@ -1236,7 +1256,10 @@ STAGES = (
       "create_shared_weights", "_create_weight_func",
       # vLLM's layers allocate their weight parameters at model init (model_executor/layers/linear.py create_weights:
       # "Failed to create unquantized linear weights: CUDA out of memory", 2025+, and the traceback frame)
-      "in create_weights", "linear weights:"), "model_weights"),
+      "in create_weights", "linear weights:",
+      # mistral.rs quantizes the weights in place as it loads them (ISQ: "Applying in-situ quantization into Some(HQQ8)
+      # to 449 tensors"; mistralrs-quant's QuantMethod::apply_isq in the panic's backtrace)
+      "apply_isq", "Applying in-situ quantization"), "model_weights"),
     # mlx-lm / mlx-vlm / LM Studio's mlx_engine (generate.py, server.py): evaluating the prompt cache's state is the
     # KV cache; prefill steps and generation are activations
     (("prompt_cache", "prompt cache"), "kv_cache"),
@@ -1298,6 +1321,13 @@ ENGINE_WORDS = (("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"), ("TurboMind
                 ("an error was encountered while running the model", "ollama"),
                 # ggml's own names in upper case and its C sources (GGML_ASSERT, "GGML backend", ggml.c, ggml-alloc.c)
                 ("GGML", "llama.cpp"), ("ggml.c", "llama.cpp"), ("common_fit_params", "llama.cpp"),
+                # llama.cpp's refusal of a quantized V cache without flash attention (llama-context.cpp, 2025-26:
+                # "quantized V cache was requested, but this requires Flash Attention")
+                ("quantized V cache was requested", "llama.cpp"),
+                # llama.cpp's server JSON log (2023-24, examples/server utils.hpp server_log: {"timestamp":N,
+                # "level":"INFO","function":"update_slots","line":N,"message":"slot released",...}), also as LocalAI's
+                # llama backend (a fork of that server) relays it
+                ('","function":"', "llama.cpp"),
                 ("common_params_fit", "llama.cpp"),
                 # llama.cpp's common loader and llama-server's exit on a load error (common.cpp, server.cpp); its
                 # loader's own refusal (llama-model-loader / llama.cpp llama_model_load: "error loading model: ...",
@@ -1318,6 +1348,10 @@ GLIBC_HEAP_ABORT = r"double free or corruption|\b(?:free|malloc|realloc|munmap_c
 GGML_ABORT_AT = r"(?<![\w.-])(?:ggml|llama)[\w.-]*\.(?:c|cpp|cu|m):\d+: "
 """ggml_abort's first words (ggml.c: ``fprintf(stderr, "%s:%d: ", file, line)``, then the message): the file is one of
 ggml's or llama.cpp's own sources ("ggml-backend.cpp:941: pre-allocated tensor ... cannot run the operation")."""
+
+_GGML_ABORT_RX = re.compile(GGML_ABORT_AT)
+_DEVICE_LOST = re.compile(r"\bdevice lost on ((?:Vulkan|CUDA|ROCm|SYCL)\d+)\b")
+"""ggml-vulkan's "device lost on Vulkan0": the device a lost-device failure names."""
 
 FATAL = OomRule(
     "fatal-words", ("panic: ", "Traceback", "terminate called", "Segmentation fault", "core dumped", "Aborted", "FATAL",
@@ -1368,7 +1402,15 @@ FATAL = OomRule(
                     "timed out waiting for llama runner to start",
                     # glibc malloc's aborts on a corrupted heap (malloc/malloc.c malloc_printerr)
                     "double free", "free(): ", "malloc(): ", "realloc(): ", "munmap_chunk(): ", "corrupted size",
-                    "corrupted double-linked"),
+                    "corrupted double-linked",
+                    # a lost GPU (Vulkan's VK_ERROR_DEVICE_LOST as vulkan-hpp throws it, "vk::Queue::submit:
+                    # ErrorDeviceLost"; ggml-vulkan's "device lost on Vulkan0"), llama-server's failed request
+                    # ("srv update_slots: decode() failed: ...", "send_error: task id = 0, error: ..."), a gRPC call
+                    # that failed (LocalAI's and Ollama's runners: "rpc error: code = Unavailable desc = error reading
+                    # from server: EOF"), vLLM's ERROR records (logger.py: "ERROR 01-06 06:43:02 [file.py:419] Failed to ..."; a
+                    # message, not a traceback's indented frames)
+                    "ErrorDeviceLost", "DeviceLostError", "device lost on ", "decode() failed: ", "send_error: ",
+                    "rpc error: code = ", "ERROR "),
     re.compile(r"panic: |Traceback \(most recent call last\)|terminate called after throwing|Segmentation fault|"
                r"core dumped|\bAborted\b|\bFATAL\b|[Ff]atal error|GGML_ASSERT|ggml_abort|exit status -?\d|"
                r"exited with (?:code|status) -?[1-9]|level=ERROR|ShardCannotStart|failed to start|"
@@ -1388,7 +1430,9 @@ FATAL = OomRule(
                r"timed out waiting for llama runner to start|" + GGML_ABORT_AT
                + "|" + GLIBC_HEAP_ABORT +
                # glibc backtrace_symbols: "/usr/lib/libllama.so(llama_decode+0xc)[0x7f15...]"
-               r"|\(\S*\+0x[0-9a-f]+\)\[0x[0-9a-f]+\]"),
+               r"|\(\S*\+0x[0-9a-f]+\)\[0x[0-9a-f]+\]"
+               r"|ErrorDeviceLost|DeviceLostError|\bdevice lost on \w|\bdecode\(\) failed: |\bsend_error: task id = \d+, error: |"
+               r"\brpc error: code = \w+ desc = |^(?:\([^()\n]{1,40} pid=\d+\) )?ERROR \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]\n]{1,80}\] [A-Z]"),
     None, "the last line of a failure that is not (or not recognisably) about memory: panics, tracebacks, "
           "asserts, aborts, exit statuses", memory=False)
 """Not a memory rule: a failure line kvreport cannot tie to memory (phase ``unknown``, no memory fix)."""
@@ -1455,7 +1499,10 @@ _NET_SIZE_PAREN = re.compile(r"(?i)alloc\w* failed(?: for [^()\n]{0,60})? \(([\d
 _NET_SIZE = re.compile(r"(?i)allocat\w*\s+(?:(?:memory for requested buffer of size|request for)\s+)?"
                        r"(\d{1,3}(?:,\d{3})+|[\d.]+)\s*([KMGT]i?B\b|bytes\b|B\b|(?=[\s.,;)]|$))")
 _NOT_FAILURES = re.compile(r"(?i)\b(?:not an? (?:oom|out[ _-]of[ _-]memory)|to avoid|avoid(?:s|ing)? (?:an? )?(?:[\w-]+ ){0,2}?(?:oom|out of memory)|may run out|might run out|"
-                           r"if you (?:run|get|see)|reduce .{0,40}to prevent|--help|usage:|prevent oom|oom[ _-]?(?:score|adj))")
+                           r"if you (?:run|get|see)|reduce .{0,40}to prevent|--help|usage:|prevent oom|oom[ _-]?(?:score|adj)|"
+                           # a request the engine cut to fit and served (SGLang's tokenizer_manager "... exceeds the
+                           # model's context length (8192 tokens). Truncating max_new_tokens."; the training context)
+                           r"training context|n_ctx_train|\btruncat(?:ed|ing)\b)")
 _PROSE_NOT_FAILURE = re.compile(
     r"(?i:\bno (?:more )?(?:oom|out[ _-]of[ _-]memory|['\"]?failed to allocate)|\bused to (?:get|see|hit|have)\b|"
     r"\b(?:works|worked|fixed|solved|resolved|fine) now\b|\bnow (?:it )?works\b|\bno longer (?:get|see|oom|fails?)\b|"
@@ -1480,7 +1527,7 @@ REQUEST_RULES = ("vllm-prompt-too-long", "vllm-max-tokens-negative", "openai-max
                  "ollama-input-too-long", "lmstudio-context-overflow", "llamacpp-prompt-too-long",
                  "llama-server-exceed-context", "exllama-seq-exceeds-cache", "llama-rn-context-full",
                  "ollama-prompt-too-long", "input-length-context", "input-exceeds-max-context", "ort-genai-max-length",
-                 "vllm-max-context", "lmstudio-tokens-to-keep")
+                 "vllm-max-context", "lmstudio-tokens-to-keep", "context-words")
 """The rules whose line says a request did not fit the context (refused, or the context filled up): the context is
 too small for the request, not the memory for the context."""
 HOST_RULES = ("oom-killer", "enomem", "bad-alloc", "python-memoryerror", "ios-jetsam", "windows-commit-limit",
@@ -1666,8 +1713,11 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
                     **({"warn": True} if rule.warn or (rule.generic and _SELF_RECOVERY.search(line)) else {}), **data)
         return
     if not present.isdisjoint(FATAL.keywords) and FATAL.pattern.search(line):
+        lost = _DEVICE_LOST.search(line)
         f.add_event("oom", lineno, line, rule=FATAL.id, backend=backend_of_words(line.lower()), phase=None,
-                    engine=None, generic=True, memory=False)
+                    engine=None, generic=True, memory=False, **({"device_name": lost.group(1)} if lost else {}))
+        if _GGML_ABORT_RX.search(line):
+            f.engine_hints["llama.cpp"] += 1  # ggml_abort names one of ggml's or llama.cpp's own source files
 
 
 _RUST_FRAME = re.compile(r"(?:^|\| )\s{0,8}\d{1,3}: <?[A-Za-z_]\w*::")
@@ -1682,7 +1732,8 @@ def _stage_after(f: LogFacts, stage: str, lineno: int, window: int | None = None
     traceback frames, so the step comes after the OOM line: at most 3 lines after, or 10 when the OOM was raised
     first and its chained traceback follows ("The above exception was the direct cause of the following exception"),
     or ``window`` lines (a Rust backtrace's frames, :data:`_RUST_FRAME`)."""
-    for ev in reversed(f.events[-3:]):
+    recent = [ev for ev in f.events[-12:] if ev.get("rule") != FATAL.id]  # (a traceback's own lines are no step)
+    for ev in reversed(recent[-3:]):
         if lineno - ev["lineno"] > (window or (10 if ev.get("chained") else 3)):
             return
         if ev["kind"] == "engine" and ev.get("torch_oom") and ev.get("phase") == "unknown":

@@ -41,6 +41,14 @@ def _hint(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
     return False
 
 
+def _rank_prefix(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
+    # counted once: the prefix is a format, not a message, and LMDeploy's 2026 stats lines use the same one
+    # ("[2026-03-18 21:46:41 DP0] Avg thr (in/out): ..."), so a thousand of them must not outvote one "[TM]" line
+    if "sglang" not in f.engine_lines:
+        f.engine_hints["sglang"] += 2
+    return False
+
+
 def _alloc(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
     f.engine_hints["sglang"] += 3
     f.sglang["tokens"] = int(m.group(1))
@@ -170,7 +178,7 @@ RULES: tuple[Rule, ...] = (
     Rule("engine words", ("sglang", "SGLang", "[TP0]", "TP0 EP0"), re.compile(r"(?i)sglang|\[TP0\]|TP0 EP0"), _hint),
     # utils configure_logger: format f"[%(asctime)s{prefix}] %(message)s" with a rank prefix (" TP1", " DP0 TP3", ...)
     Rule("logger rank prefix", (" TP", " DP", " PP"),
-         re.compile(r"(?:^|\s)\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: (?:DP|PP|TP|EP|CP)\d+)+\]"), _hint),
+         re.compile(r"(?:^|\s)\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: (?:DP|PP|TP|EP|CP)\d+)+\]"), _rank_prefix),
     Rule("KV pool allocated", ("KV Cache is allocated",),
          re.compile(r"KV Cache is allocated\. #tokens:\s*(\d+),\s*(?:K size:\s*([\d.]+) GB,\s*V size:\s*([\d.]+) GB|"
                     r"KV size:\s*([\d.]+) GB)"), _alloc),
@@ -202,6 +210,10 @@ RULES: tuple[Rule, ...] = (
     Rule("multimodal prompt too long", ("Multimodal prompt is too long",),
          re.compile(r"Multimodal prompt is too long after expanding multimodal tokens\..*?=> (\d+) >= (\d+)"),
          _mm_too_long),
+    # mem_cache/memory_pool.py (2026, hybrid models): the per-request Mamba state slots are all taken ("AssertionError:
+    # Not enough space for mamba ping pong idx, try to increase --mamba-full-memory-ratio.", sglang#19002)
+    Rule("mamba state pool full", ("Not enough space for mamba",), re.compile(r"Not enough space for mamba\b"),
+         _prefill_oom),
     Rule("prefill / decode out of memory", ("Prefill out of memory", "Decode out of memory"),
          re.compile(r"(?:Prefill|Decode) out of memory(?! happened)"), _prefill_oom),
     Rule("TP memory unbalanced", ("memory capacity is unbalanced",),
