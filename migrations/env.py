@@ -8,7 +8,7 @@ from alembic import context
 from sqlalchemy import create_engine
 
 from kvreport_server.config import resolve_database_url
-from kvreport_server.models import Base
+from kvreport_server.models import Base, compared
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logging", True):
@@ -23,7 +23,7 @@ def _url() -> str:
 
 def run_migrations_offline() -> None:
     context.configure(url=_url(), target_metadata=target_metadata, literal_binds=True,
-                      render_as_batch=True)
+                      render_as_batch=True, include_object=compared)
     with context.begin_transaction():
         context.run_migrations()
 
@@ -43,7 +43,7 @@ def run_migrations_online() -> None:
 
 def _run(connection) -> None:
     context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True,
-                      compare_type=True)
+                      compare_type=True, include_object=compared)
     with context.begin_transaction():
         context.run_migrations()
 

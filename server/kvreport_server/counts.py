@@ -13,6 +13,20 @@ commit, and no two writers wait for each other in a cycle.
 
 The statements are built once per shape with every value a parameter (building a SQLAlchemy
 statement costs more CPU than running it).
+
+**Trend.** ``clusters.trend`` is the cluster's bundles of the last 7 UTC days minus the 7 before (its
+``cluster_days`` rows of ``(day - 14, day]``) as of the day ``clusters.trend_day``, so that ``sort=trend``
+reads an index instead of summing every cluster's day rows. A writer keeps it on the cluster row it
+updates anyway, after its day rows: it locks the row first (the lock the UPDATE takes, one statement
+earlier) and reads its ``trend_day``; a row as of the writer's today gets ``trend + delta`` (what the
+writer's day changes make), any other (as of an older day, or NULL) the sum of the cluster's day rows of
+the window as of today (at most 14 rows, through the primary key). Because the row is locked before
+the UPDATE starts, the UPDATE reads every day row committed by a writer before it (PostgreSQL: a new
+statement, a new snapshot), and a writer still running adds its own delta after it: the stored trend
+stays exact under concurrent writers, at midnight too. A new UTC day leaves rows as of an older day:
+:func:`refresh_trends` brings them to today in one UPDATE (the first ``sort=trend`` request of a day),
+leaving ``trend_day`` NULL for a cluster with no day row in the window, whose trend stays 0 until a
+writer counts a bundle into it.
 """
 
 from __future__ import annotations
@@ -24,14 +38,43 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 
-from sqlalchemy import bindparam, case, delete, func, select, update
+from sqlalchemy import any_, bindparam, case, delete, exists, func, or_, select, update
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet, EngineBuild, FacetTotal, utcnow
 
-CT, BT = Cluster.__table__, Bundle.__table__
+CT, BT, DT = Cluster.__table__, Bundle.__table__, ClusterDay.__table__
+TREND_DAYS = 7  # the trend compares the last 7 days with the 7 before
+
+
+def utc_today() -> dt.date:
+    """Today's UTC date: the day trends are as of (the pages' sparklines use the same)."""
+    return dt.datetime.now(dt.timezone.utc).date()
+
+
+def trend_window(today: dt.date) -> dict:
+    """The bounds of the trend as of ``today``: this week is ``(week, today]``, last week ``(fortnight, week]``."""
+    return {"p_today": today, "p_week": today - dt.timedelta(days=TREND_DAYS),
+            "p_fortnight": today - dt.timedelta(days=2 * TREND_DAYS)}
+
+
+def trend_delta(days: Iterable[tuple[dt.date, int]], today: dt.date) -> int:
+    """What day count changes ``(day, delta)`` change a trend as of ``today`` by."""
+    w = trend_window(today)
+    return sum((d if day > w["p_week"] else -d) for day, d in days if w["p_fortnight"] < day <= today)
+
+
+def _trend_sum(cluster_id):
+    """The trend of the cluster ``cluster_id`` (a column or parameter) as of ``p_today``, summed from its
+    day rows (a scalar subquery; at most 14 rows, read through the primary key)."""
+    d = DT.c
+    week, fortnight = bindparam("p_week", type_=d.day.type), bindparam("p_fortnight", type_=d.day.type)
+    return (select(func.coalesce(func.sum(case((d.day > week, d.count), else_=-d.count)), 0))
+            .where(d.cluster_id == cluster_id, d.day > fortnight, d.day <= bindparam("p_today", type_=d.day.type))
+            .scalar_subquery())
 
 
 def as_utc(value: dt.datetime | None) -> dt.datetime | None:
@@ -113,6 +156,11 @@ def _cluster_update(parts: frozenset[str]):
     if "verdict" in parts:  # not part of the key (scheme 2): the cluster shows a known one once a bundle has it
         values["verdict"] = case((c.verdict.is_(None) | (c.verdict == "unknown"),
                                   bindparam("p_verdict", type_=CT.c.verdict.type)), else_=c.verdict)
+    if "trend_add" in parts:  # the row is as of today (read under its lock): this change added
+        values["trend"] = c.trend + bindparam("p_trend", type_=CT.c.trend.type)
+    if "trend_sum" in parts:  # as of another day: summed from the day rows (this transaction's included)
+        values["trend"] = _trend_sum(c.id)
+        values["trend_day"] = bindparam("p_today", type_=CT.c.trend_day.type)
     if "range" in parts:  # recomputed from the bundles (after some left)
         values.update({k: bindparam(f"p_{k}", type_=CT.c[k].type) for k in _RANGE})
     stmt = update(CT).where(c.id == bindparam("p_id", type_=CT.c.id.type))
@@ -141,6 +189,8 @@ class Counts:
     lost: set[int] = dataclasses.field(default_factory=set)        # clusters some bundle left
     titles: dict[int, str] = dataclasses.field(default_factory=dict)
     started: float = 0.0  # perf_counter() when apply() began taking counter rows
+    today: dt.date | None = None  # the day the trends written by apply() are as of
+    trends: dict[int, int] = dataclasses.field(default_factory=dict)  # cluster -> trend change as of today
 
     def _bump(self, cid: int, t: dt.datetime, facets: Iterable[tuple[str, str]], delta: int) -> None:
         self.count[cid] += delta
@@ -185,6 +235,12 @@ class Counts:
     def apply(self, session: Session) -> dict[int, Cluster]:
         """Write every change, in the global lock order; the cluster rows written, by id."""
         self.started = time.perf_counter()
+        self.today = utc_today()
+        by_cluster: dict[int, list] = {}
+        for (cid, day), d in self.days.items():
+            if d:
+                by_cluster.setdefault(cid, []).append((day, d))
+        self.trends = {cid: trend_delta(days, self.today) for cid, days in by_cluster.items()}
         machines: Counter = Counter()
         for (cid, kind, _v), n, d in _add_counts(session, ClusterFacet.__table__, ("cluster_id", "kind", "value"),
                                                  self.facets):
@@ -192,7 +248,8 @@ class Counts:
                 machines[cid] += (n > 0) - (n - d > 0)
         _add_counts(session, ClusterDay.__table__, ("cluster_id", "day"), self.days)
         out = {}
-        for cid in sorted(set(self.count) | set(self.spans) | self.lost | set(self.titles) | set(machines)):
+        for cid in sorted(set(self.count) | set(self.spans) | self.lost | set(self.titles) | set(machines)
+                          | set(self.trends)):
             row = self._cluster(session, cid, machines[cid])
             if row is not None:
                 out[cid] = Cluster(**dict(row._mapping))
@@ -212,6 +269,14 @@ class Counts:
                 more -= {"times", "builds", "version"}
             parts |= more
             values.update(more_values)
+        if cid in self.trends:
+            # lock the row before the UPDATE reads the day rows (see the module docstring)
+            if session.execute(_LOCK_ROW, {"p_id": cid}).scalar() == self.today:
+                parts.add("trend_add")
+                values["p_trend"] = self.trends[cid]
+            else:
+                parts.add("trend_sum")
+                values.update(trend_window(self.today))
         if cid in self.titles:
             parts.add("title")
             values["p_title"] = self.titles[cid]
@@ -226,6 +291,10 @@ class Counts:
             row = session.execute(_cluster_update(frozenset({"range"})), {"p_id": cid, "p_now": utcnow(), **rng}
                                   ).one_or_none()
         return row
+
+
+_LOCK_ROW = (select(CT.c.trend_day).where(CT.c.id == bindparam("p_id", type_=CT.c.id.type))
+             .with_for_update(key_share=True))  # FOR NO KEY UPDATE: the lock an UPDATE of the row takes
 
 
 @functools.cache
@@ -274,3 +343,49 @@ def _range_of(session: Session, cid: int) -> dict:
         first_version = session.execute(
             select(b.engine_version).where(b.cluster_id == cid).order_by(b.received_at).limit(1)).scalar()
     return dict(first_seen=first, last_seen=last, min_build=lo, max_build=hi, first_version=first_version)
+
+
+def _stale(today):
+    """Cluster rows whose trend is as of another day than ``today`` (NULL: 0 until a bundle comes)."""
+    return or_(CT.c.trend_day < today, CT.c.trend_day > today)
+
+
+@functools.cache
+def _refresh(dialect: str):
+    """``UPDATE clusters`` bringing rows to ``p_today``: their trend summed from their day rows, and
+    ``trend_day`` that day, or NULL when no day row is in the window or after it (then the trend stays
+    0 on later days, until a writer counts a bundle in and sums it again). On PostgreSQL the rows are
+    the ids ``p_ids`` locked before (:func:`refresh_trends`), else the stale ones (SQLite: one writer)."""
+    c, d = CT.c, DT.c
+    today = bindparam("p_today", type_=c.trend_day.type)
+    recent = exists().where(d.cluster_id == c.id, d.day > bindparam("p_fortnight", type_=d.day.type))
+    if dialect == "postgresql":
+        where = c.id == any_(bindparam("p_ids", type_=postgresql.ARRAY(c.id.type)))
+    else:
+        where = _stale(today)
+    return update(CT).where(where).values(trend=_trend_sum(c.id), trend_day=case((recent, today), else_=None))
+
+
+def refresh_trends(session: Session, today: dt.date | None = None) -> int:
+    """Bring every cluster's trend to ``today`` (default: :func:`utc_today`) in one UPDATE of the rows
+    as of another day (none after the first call of a day); the caller commits. Returns the rows updated.
+
+    On PostgreSQL the stale rows are locked first, in id order (the writers' order, ``store.py``, so no
+    writer and refresh wait for each other in a cycle; a row a writer brought to today meanwhile drops
+    out, as the lock re-reads it), and the UPDATE is a later statement: it reads every day row committed
+    before it, and a writer still running adds its own change after it (the module docstring)."""
+    today = today or utc_today()
+    params = trend_window(today)
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        params["p_ids"] = list(session.execute(select(CT.c.id).where(_stale(today)).order_by(CT.c.id)
+                                               .with_for_update(key_share=True)).scalars())
+        if not params["p_ids"]:
+            return 0
+    return session.execute(_refresh(dialect), params).rowcount
+
+
+def stale_trends(session: Session, today: dt.date | None = None) -> bool:
+    """Whether some cluster's trend is as of another day than ``today`` (an index read)."""
+    today = today or utc_today()
+    return session.execute(select(CT.c.id).where(_stale(today)).limit(1)).first() is not None

@@ -6,6 +6,13 @@
   upload transaction (``store.py``), so the cluster list never scans bundles.
 * ``ClusterFacet``: per-cluster counts of a fact (engine version, GPU, model, n_ctx, suggestion...).
 * ``ClusterDay``: per-cluster bundle count per UTC day (sparklines, trend).
+* ``Cluster.trend`` / ``trend_day``: the cluster's trend (its bundles of the last 7 UTC days minus the 7
+  before, from ``cluster_days``) as of ``trend_day``, kept by the writers (``counts.Counts``) and brought
+  to a new day by :func:`kvreport_server.counts.refresh_trends`, so that ``sort=trend`` reads an index
+  (``ix_clusters_trend``). ``trend_day`` NULL: no bundle in the 14 days before the last refresh, so
+  ``trend`` is 0 until a writer counts one in.
+* Search (``q``) on PostgreSQL: pg_trgm GIN indexes on ``lower(title)``, ``lower(key)`` and the
+  ``lower(value)`` of the facet kinds searched (migration 0007; none where pg_trgm is missing).
 * ``FacetTotal``: per-facet-value counts over all bundles (the "overall" side of correlations),
   kept in the same transaction as ``ClusterFacet``.
 * ``EngineBuild``: bundles per (engine, build number), for the regression view's "bundles from
@@ -79,6 +86,21 @@ class Cluster(Base):
     updated_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     merged_into: Mapped[int | None] = mapped_column(ForeignKey("clusters.id", name="fk_clusters_merged_into"))
     merged_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    trend: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
+    trend_day: Mapped[dt.date | None] = mapped_column(Date, index=True)
+
+
+# ``sort=trend`` (ORDER BY trend DESC, count DESC, id ... LIMIT): read in index order
+Index("ix_clusters_trend", Cluster.trend.desc(), Cluster.count.desc(), Cluster.id)
+
+# Indexes that migration 0007 adds on PostgreSQL where pg_trgm can be had, and nowhere else: not in
+# these models, and left alone by autogenerate and by the test that compares models and migrations.
+TRIGRAM_INDEXES = ("ix_clusters_title_trgm", "ix_clusters_key_trgm", "ix_cluster_facets_value_trgm")
+
+
+def compared(obj, name, type_, reflected, compare_to) -> bool:
+    """Alembic ``include_object``: everything but :data:`TRIGRAM_INDEXES`."""
+    return not (type_ == "index" and name in TRIGRAM_INDEXES)
 
 
 class Bundle(Base):

@@ -1,16 +1,19 @@
 """Read-side queries shared by the API and the pages (no request objects here).
 
 The clusters list reads only ``clusters`` plus small per-page lookups into ``cluster_facets`` and
-``cluster_days`` (indexed), never the bundles table, so its cost does not grow with bundles.
+``cluster_days`` (indexed), never the bundles table, so its cost does not grow with bundles. Its
+orders read indexes of ``clusters``: ``sort=trend`` the stored trend (``counts.py``, brought to a new
+day first by one UPDATE), and on PostgreSQL the search ``q`` the trigram indexes of migration 0007.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import and_, case, exists, func, or_, select
+from sqlalchemy import and_, bindparam, exists, func, or_, select, union_all
 from sqlalchemy.orm import Session
 
+from kvreport_server import counts
 from kvreport_server.correlations import correlations
 from kvreport_server.limits import ascii_int
 from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet, EngineBuild
@@ -33,7 +36,41 @@ def _facet_match(kind: str | tuple[str, ...], text: str):
 
 
 def _today() -> dt.date:
-    return dt.datetime.now(dt.timezone.utc).date()
+    return counts.utc_today()
+
+
+SEARCHED_KINDS = ("model", "error", "gpu")  # the facet kinds ``q`` matches (besides title and key)
+
+
+def _search(text: str, dialect: str):
+    """``q``: the clusters whose lower()ed title, key, or a model, error or GPU facet value holds ``text``.
+    On PostgreSQL the same match written as ``id IN (… UNION ALL …)``, one branch per trigram index of
+    migration 0007 (its facet kinds inline, as the partial index names them), so that each is an index
+    scan instead of a LIKE over every cluster's rows."""
+    pattern = _like(text)
+    if dialect != "postgresql":
+        return or_(func.lower(Cluster.title).like(pattern, escape="\\"),
+                   func.lower(Cluster.key).like(pattern, escape="\\"),
+                   _facet_match(SEARCHED_KINDS, text))
+    c, f = Cluster.__table__.c, ClusterFacet.__table__.c
+    kinds = bindparam("q_kinds", list(SEARCHED_KINDS), expanding=True, literal_execute=True)
+    ids = union_all(select(c.id).where(func.lower(c.title).like(pattern, escape="\\")),
+                    select(c.id).where(func.lower(c.key).like(pattern, escape="\\")),
+                    select(f.cluster_id).where(f.kind.in_(kinds), func.lower(f.value).like(pattern, escape="\\")))
+    return Cluster.id.in_(ids)
+
+
+def _fresh_trends(session: Session, db) -> None:
+    """Bring the stored trends to today before ``sort=trend`` reads them (an index read when they are;
+    the first request of a day runs the one UPDATE, in its own transaction when ``db`` is given)."""
+    today = _today()
+    if not counts.stale_trends(session, today):
+        return
+    if db is None:
+        counts.refresh_trends(session, today)
+        return
+    with db.write_lock(), db.Session() as writer, writer.begin():
+        counts.refresh_trends(writer, today)
 
 
 def _exact_facet(text: str):
@@ -45,8 +82,10 @@ def _exact_facet(text: str):
 
 def list_clusters(session: Session, *, engine=None, backend=None, phase=None, verdict=None, version=None,
                   gpu=None, status=None, q=None, facet=None, sort="count", page=1, per_page=50,
-                  include_empty=False) -> tuple[list[dict], int]:
-    """A page of clusters as dicts (``cluster_dict`` plus ``sparkline``, ``facets`` top values, ``trend``)."""
+                  include_empty=False, db=None) -> tuple[list[dict], int]:
+    """A page of clusters as dicts (``cluster_dict`` plus ``sparkline``, ``facets`` top values, ``trend``).
+    ``db`` (the app's :class:`~kvreport_server.db.Database`): where ``sort=trend`` writes the day's trend
+    refresh (else in ``session``'s transaction)."""
     conds = []
     if facet:
         conds.append(_exact_facet(facet))
@@ -61,30 +100,21 @@ def list_clusters(session: Session, *, engine=None, backend=None, phase=None, ve
     if gpu:
         conds.append(_facet_match("gpu", gpu))
     if q:
-        conds.append(or_(func.lower(Cluster.title).like(_like(q), escape="\\"),
-                         func.lower(Cluster.key).like(_like(q), escape="\\"),
-                         _facet_match(("model", "error", "gpu"), q)))
+        conds.append(_search(q, session.get_bind().dialect.name))
     where = and_(*conds) if conds else True
     total = session.execute(select(func.count()).select_from(Cluster).where(where)).scalar_one()
 
+    if sort == "trend":
+        _fresh_trends(session, db)
     today = _today()
-    d = ClusterDay
-    week_ago = today - dt.timedelta(days=7)
-    trend_sq = (select(d.cluster_id.label("cid"),
-                       func.sum(case((d.day > week_ago, d.count), else_=-d.count)).label("trend"))
-                .where(d.day > today - dt.timedelta(days=14)).group_by(d.cluster_id).subquery())
-    trend = func.coalesce(trend_sq.c.trend, 0)
     order = {
         "count": [Cluster.count.desc(), Cluster.last_seen.desc()],
         "last_seen": [Cluster.last_seen.desc()],
         "first_seen": [Cluster.first_seen.desc()],
         "machines": [Cluster.machines.desc(), Cluster.count.desc()],
-        "trend": [trend.desc(), Cluster.count.desc()],
+        "trend": [Cluster.trend.desc(), Cluster.count.desc()],  # ix_clusters_trend
     }.get(sort, [Cluster.count.desc()])
-    base = select(Cluster)
-    if sort == "trend":
-        base = base.outerjoin(trend_sq, trend_sq.c.cid == Cluster.id)
-    rows = session.execute(base.where(where).order_by(*order, Cluster.id)
+    rows = session.execute(select(Cluster).where(where).order_by(*order, Cluster.id)
                            .offset((page - 1) * per_page).limit(per_page)).scalars().all()
     ids = [c.id for c in rows]
     sparks = sparklines(session, ids, today)

@@ -109,8 +109,8 @@ FAILURE_CASES = [
 
 def scan(db) -> dict:
     """True when every cluster's counters (count, machines, facets, days, first/last seen, build range,
-    first version), the facet totals and the bundles per engine build equal what a full scan of the
-    bundles table gives (else the two views, for the assertion message)."""
+    first version, the stored trend as of its day), the facet totals and the bundles per engine build
+    equal what a full scan of the bundles table gives (else the two views, for the assertion message)."""
     from sqlalchemy import select
 
     from kvreport_server import analysis, store
@@ -166,7 +166,38 @@ def scan(db) -> dict:
     for cid, val in got.items():
         if cid not in want:
             assert val[0] == 0 and not val[2] and not val[3], f"empty cluster {cid} keeps counts"
-    return {cid: v for cid, v in got.items() if v[0]} == want or (got, want)
+    if {cid: v for cid, v in got.items() if v[0]} != want:
+        return (got, want)
+    bad_trends = trend_errors(db, {cid: e["days"] for cid, e in expect.items()})
+    return {"trend": bad_trends} if bad_trends else True
+
+
+def trend_of(days: Counter, as_of: dt.date) -> int:
+    """A cluster's trend as of ``as_of`` from its bundles per day: the last 7 days minus the 7 before."""
+    return (sum(n for d, n in days.items() if as_of - dt.timedelta(days=7) < d <= as_of)
+            - sum(n for d, n in days.items() if as_of - dt.timedelta(days=14) < d <= as_of - dt.timedelta(days=7)))
+
+
+def trend_errors(db, days: dict[int, Counter]) -> dict:
+    """Clusters whose stored trend (migration 0007) is not their trend as of its ``trend_day`` computed
+    from ``days`` (their bundles per day), or whose ``trend_day`` is NULL while they have a bundle in the
+    14 days up to today (``counts.utc_today``) or a trend other than 0: ``{id: (stored, expected)}``."""
+    from sqlalchemy import select
+
+    from kvreport_server import counts
+    from kvreport_server.models import Cluster
+
+    today = counts.utc_today()
+    bad = {}
+    with db.Session() as s:
+        for cid, trend, as_of in s.execute(select(Cluster.id, Cluster.trend, Cluster.trend_day)):
+            mine = days.get(cid, Counter())
+            if as_of is None:
+                if trend != 0 or any(d > today - dt.timedelta(days=14) for d, n in mine.items() if n):
+                    bad[cid] = (trend, None, sorted(mine.items()))
+            elif trend != trend_of(mine, as_of):
+                bad[cid] = (trend, as_of, trend_of(mine, as_of))
+    return bad
 
 
 def assert_consistent(db):

@@ -36,7 +36,7 @@ class Clusters(MethodView):
     def get(self, page=1, per_page=None, **filters):
         auth.require_read()
         per_page = per_page or current_app.config["PAGE_SIZE"]
-        items, total = list_clusters(get_session(), page=page, per_page=per_page, **filters)
+        items, total = list_clusters(get_session(), page=page, per_page=per_page, db=get_db(), **filters)
         for item in items:
             item["url"] = cluster_url(item["id"])
         return {"items": items, "page": page, "per_page": per_page, "total": total}

@@ -80,7 +80,7 @@ def _list_page():
                        code="bad_request") from None
     per_page = args.pop("per_page", None) or current_app.config["PAGE_SIZE"]
     page = args.pop("page", 1)
-    items, total = list_clusters(get_session(), page=page, per_page=per_page, **args)
+    items, total = list_clusters(get_session(), page=page, per_page=per_page, db=get_db(), **args)
     return raw, items, total, page, per_page
 
 
