@@ -40,5 +40,7 @@ def test_tuning_set_floors():
     assert s["facts_pct"] >= 88.0, s["per_field"]
     right, total = s["first_suggestion"]
     # (0.70 until rounds 19-20 added 19 cases whose first fixes are mostly other engines' own knobs -- TPU, Tenstorrent,
-    # Hexagon, MLC, FreeToken -- right on 4/19: the floor guards against regressions at the measured level, 144/210)
-    assert right / total >= 0.68
+    # Hexagon, MLC, FreeToken -- right on 4/19; 0.68 until round 23 added 6 whose fixes the log does not point at (a
+    # trainer's script, an NPU context, an `ollama ps` table), right on 1/6: the floor guards against regressions at the
+    # measured level, 150/221 after round 23)
+    assert right / total >= 0.67

@@ -427,6 +427,15 @@ EXAMPLES = [
      "kv_capacity"),
     ("engine:sglang", "AssertionError: Not enough space for mamba ping pong idx, try to increase "
                       "--mamba-full-memory-ratio.", None, "kv_capacity"),
+    # ONNX Runtime's arena while a session initializes (foundry-local#199); CLBlast's memory codes (koboldcpp#100)
+    ("ort-bfc-arena", "Exception during initialization: D:\\a\\_work\\1\\s\\onnxruntime\\core\\framework\\bfc_arena.cc:376 "
+                      "onnxruntime::BFCArena::AllocateRawInternal Failed to allocate memory for requested buffer of size "
+                      "197001216", None, "model_weights"),
+    ("clblast-oom", "CLBlast: OpenCL error: clEnqueueNDRangeKernel: -4", "opencl", "compute_buffer"),
+    ("kv-slot", "ERROR: Model worker crashed: Llama.cpp failed decoding: Decode Error 1: NoKvCacheSlot", None,
+     "kv_capacity"),
+    ("vllm-cumem-allocator", "Runtime Error: Cuda error: out of memory at /workspace/csrc/cumem_allocator.cpp: 62", "cuda",
+     "unknown"),
     ("torch-allocator-warning", "[rank0]:[W922 05:15:28] memory allocation failed with OOM on device 0 while trying to "
                                 "allocate 3630170112 bytes (free: 202833920, total: 25250627584).", "cuda", "unknown"),
 ]
@@ -1222,3 +1231,22 @@ def test_a_load_error_cut_after_its_colon_is_the_refused_allocation_before_it():
     assert f["final_error"] == "llama_model_load: error loading model:"
     # without the refused allocation before it, a cut reason says nothing about memory
     assert analyze_text("llama_model_load: error loading model:\n")["failure"]["phase"] == "unknown"
+
+
+def test_a_lost_gpu_under_a_batch_suggests_shorter_kernels_first():
+    """The driver reset the GPU under a prefill (Vulkan's ErrorDeviceLost, ollama#17870): a quarter of the micro-batch
+    first (Ollama: num_batch), a known-good build after it."""
+    d = analyze_text('time=2026-01-01T00:00:00Z level=INFO source=server.go:1 msg="llama runner started"\n'
+                     "ollama: srv update_slots: decode() failed: vk::Queue::submit: ErrorDeviceLost\n")
+    ids = [s["id"] for s in d["suggestions"]]
+    assert d["failure"]["phase"] == "unknown" and ids[:2] == ["reduce-batch", "bisect-regression"], ids
+    assert d["suggestions"][0]["change"] == {"num_batch": 128}
+
+
+def test_vllms_sleep_mode_allocator_asks_for_a_smaller_fraction_first():
+    """vLLM's cumem allocator failed to map its pools back (an RL trainer on the same GPU): a smaller
+    gpu_memory_utilization first, below vLLM's default when the log shows no value."""
+    d = analyze_text("Runtime Error: Cuda error: out of memory at /workspace/csrc/cumem_allocator.cpp: 62\n")
+    first = d["suggestions"][0]
+    assert d["engine"] == "vllm" and first["id"] == "lower-gpu-memory-utilization", first
+    assert all(v < 0.9 for v in first["change"].values()), first

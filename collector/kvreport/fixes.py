@@ -1545,6 +1545,18 @@ def _py_metal_fraction(b: _Builder, rank: float) -> None:
           "was left (VLLM_METAL_MEMORY_FRACTION, when set, takes precedence over the flag).")
 
 
+def _py_cumem_lower_util(b: _Builder, rank: float) -> None:
+    """:func:`cumem_oom`: the computed fraction when the log gives the numbers (:func:`_py_act_lower_util`), else the
+    direction without a number (the trainer's setting, e.g. vllm_gpu_memory_utilization, is not in the log)."""
+    if _py_cur_util(b.s):
+        _py_act_lower_util(b, rank)
+        return
+    b.add(rank, "lower-gpu-memory-utilization", "Lower --gpu-memory-utilization (the trainer's vllm_gpu_memory_utilization)",
+          {}, "the weights and a smaller KV pool fit beside what the training process holds when vLLM wakes up",
+          "vLLM's sleep-mode allocator maps the weights and the KV pool back on wake_up; the pool's size is "
+          "gpu_memory_utilization x the GPU, so with a trainer on the same GPU a smaller fraction is what fits.")
+
+
 def _py_act_lower_util(b: _Builder, rank: float) -> None:
     """Leave more memory outside the KV pool: when the torch OOM gives the request, the free memory and the device's
     total, the fraction drops by the missing share of the total (plus 0.01), at least 0.05; else 0.05 (LMDeploy:
@@ -2034,6 +2046,13 @@ def sglang_unplaced_oom(s: Situation) -> bool:
     return s.engine == "sglang" and activation_oom(s) and not s.py_stage
 
 
+def cumem_oom(s: Situation) -> bool:
+    """vLLM's sleep-mode allocator could not map its pools back (csrc/cumem_allocator.cpp, wake_up in an RL trainer's
+    colocated rollouts): the weights and the KV pool sized by gpu_memory_utilization no longer fit beside what the
+    trainer holds; a smaller fraction is the maintainers' fix (lmm-r1#42, OpenRLHF-family threads)."""
+    return s.oom_rule == "vllm-cumem-allocator"
+
+
 def prefill_batch(s: Situation) -> bool:
     """A compute failure that is not a torch OOM read from the log (TGI's warm-up prefill, vLLM's profiling)."""
     return not activation_oom(s)
@@ -2173,6 +2192,7 @@ RULES: tuple[Rule, ...] = (
     _r("work-around-alloc-limit", PYTHON, _CB, fixed_workspace, -1, _py_workspace),
     _r("bisect-regression", PYTHON, _UNK, crashed, -1, _bisect_crash),
     _r("lower-gpu-memory-utilization", PYTHON, _UNK, sglang_unplaced_oom, -0.1, _py_act_lower_util),
+    _r("lower-gpu-memory-utilization", PYTHON, _UNK, cumem_oom, -0.2, _py_cumem_lower_util),
     _r("reduce-max-model-len", PYTHON, _UNK, activation_oom, 0, _py_act_max_len),
     _r("reduce-max-num-seqs", PYTHON, _CB, sampler_warmup, -0.5, _py_act_seqs),
     _r("shrink-cuda-graphs", PYTHON, _CB, graph_capture, 1.2, _py_graphs),

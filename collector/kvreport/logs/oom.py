@@ -488,6 +488,21 @@ RULES: tuple[OomRule, ...] = (
     OomRule("opencl-check", ("ggml_opencl:",),
             re.compile(r"ggml_opencl: .{0,200}?(?:clCreateBuffer.{0,200}? error -?\d+|error -(?:4|5|6|61)) at \S*ggml-opencl"),
             "opencl", "ggml-opencl.cpp CL_CHECK (llama.cpp 2023-2024, koboldcpp CLBlast)", engine="llama.cpp"),
+    # -- ONNX Runtime's arena (onnxruntime/core/framework/bfc_arena.cc, ORT GenAI / Foundry Local / Olive, 2023-26):
+    #    "BFCArena::AllocateRawInternal Failed to allocate memory for requested buffer of size 197001216" (bytes); under
+    #    "Exception during initialization:" (InferenceSession::Initialize) the session was loading its initializers,
+    #    i.e. the weights (foundry-local#199)
+    OomRule("ort-bfc-arena", ("BFCArena",),
+            re.compile(r"BFCArena::AllocateRawInternal Failed to allocate memory for requested buffer of size (\d+)"),
+            None, "onnxruntime core/framework/bfc_arena.cc",
+            read=lambda m: {"mib": _mib(m.group(1), None),
+                            **({"phase": "model_weights"} if "Exception during initialization" in m.string else {})}),
+    # -- CLBlast's own error (ggml's CLBlast matmul in prompt processing, 2023-24 llama.cpp / koboldcpp / whisper.cpp's
+    #    talk-llama): "CLBlast: OpenCL error: clEnqueueNDRangeKernel: -4" with a memory code -- the device could not
+    #    hold the matmul's buffers (koboldcpp#100, whisper.cpp#1896)
+    OomRule("clblast-oom", ("CLBlast: OpenCL error",),
+            re.compile(r"CLBlast: OpenCL error: \w+: -(?:4|5|6|61)\b"), "opencl",
+            "CLBlast's clblast::Error as ggml's CLBlast path prints it", phase="compute_buffer", engine="llama.cpp"),
     # the same check on any other code (-1001: no OpenCL platform, the ICD loader found none; -30 invalid value...):
     # the backend did not start, not a memory failure, whatever hint follows ("You may be out of VRAM")
     OomRule("opencl-check-other", ("ggml_opencl:",),
@@ -663,14 +678,17 @@ RULES: tuple[OomRule, ...] = (
     OomRule("kv-slot", ("KV cache slot", "kv cache slot", "memory slot for", "free space in the KV cache",
                         "failed to prepare attention ubatches", "KV cache is full", "too big compared to KV size",
                         "Context size has been exceeded", "context size has been exceeded", "context size exceeded",
-                        "failed to decode, ret = 1", "NoKvSlot", "llama_decode returned 1"),
+                        "failed to decode, ret = 1", "NoKvSlot", "llama_decode returned 1", "NoKvCacheSlot"),
             re.compile(r"(?i:failed to find (?:a )?(?:kv cache slot|memory slot for (?:u?batch)|free space in the kv cache)"
                        r"|failed to prepare attention ubatches|kv cache is full|too big compared to kv size"
                        r"|context size has been exceeded|^context size exceeded$|failed to decode, ret = 1\b)"
                        # LLamaSharp names llama_decode's return codes (DecodeResult.NoKvSlot = 1)
                        r"|llama_decode failed: '?NoKvSlot\b"
                        # llama-cpp-python's exception for it (_internals.py: RuntimeError(f"llama_decode returned {n}"))
-                       r"|llama_decode returned 1\b"),
+                       r"|llama_decode returned 1\b"
+                       # the Rust bindings' name for it (llama-cpp-2 DecodeError::NoKvCacheSlot: "Decode Error 1:
+                       # NoKvCacheSlot", nobodywho#74)
+                       r"|\bNoKvCacheSlot\b"),
             None, "llama.cpp llama_decode (llama-context.cpp), the hybrid memory's init_batch (llama-memory-hybrid.cpp), "
             "llama-server update_slots ('failed to decode the batch: KV cache is full', 'Input prompt is too big "
             "compared to KV size', 'Context size has been exceeded'); examples/simple-chat and llama-run's own check "
@@ -1046,7 +1064,9 @@ RULES: tuple[OomRule, ...] = (
     #    memory gone: ollama#5493-era Jetson reports, llama.cpp installer reports)
     OomRule("cublas-alloc-failed", ("resource allocation failed",),
             re.compile(r"CUDA error: the resource allocation failed"), "cuda",
-            "ggml-cuda CUBLAS_CHECK / cublasGetStatusString (Jetson and installer reports, 2024-26)"),
+            "ggml-cuda CUBLAS_CHECK / cublasGetStatusString (Jetson and installer reports, 2024-26)",
+            # (cuBLAS's own handle and workspace, none of the engine's buffers: not placed by the step it came in)
+            phase="unknown"),
     # -- TensorRT's builder and TensorRT-LLM's runtime buffers: "[TRT] [E] 2: [virtualMemoryBuffer.cpp::resizePhysical::
     #    140] Error Code 2: OutOfMemory (no further information)", "Requested amount of GPU memory (20572012544 bytes)
     #    could not be allocated" (engine builds, 2023-24); "[TensorRT-LLM][ERROR] CUDA runtime error in
@@ -1110,8 +1130,9 @@ RULES: tuple[OomRule, ...] = (
     # -- vLLM's sleep-mode allocator (csrc/cumem_allocator.cpp, 2025): "CUDA Error: out of memory at
     #    /workspace/csrc/cumem_allocator.cpp:62" when wake_up maps its pools back (RL frameworks' colocated rollouts)
     OomRule("vllm-cumem-allocator", ("cumem_allocator.cpp",),
-            re.compile(r"CUDA Error: out of memory at \S*cumem_allocator\.cpp:\d+"), "cuda",
-            "vLLM csrc/cumem_allocator.cpp (OpenRLHF-family reports, 2025)", engine="vllm"),
+            # (also as people retype it: "Cuda error: out of memory at /workspace/csrc/cumem_allocator.cpp: 62")
+            re.compile(r"(?i:cuda error: out of memory at \S*cumem_allocator\.cpp: ?\d+)"), "cuda",
+            "vLLM csrc/cumem_allocator.cpp (OpenRLHF-family reports, 2025; lmm-r1#42 retyped)", engine="vllm"),
     # -- Qualcomm's QNN runtime (ExecuTorch's QNN backend): "<E> Could not allocate persistent weights buffer!" after
     #    its fastrpc map failed
     OomRule("qnn-weights-buffer", ("allocate persistent weights buffer",),
@@ -1328,6 +1349,9 @@ ENGINE_WORDS = (("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"), ("TurboMind
                 # "level":"INFO","function":"update_slots","line":N,"message":"slot released",...}), also as LocalAI's
                 # llama backend (a fork of that server) relays it
                 ('","function":"', "llama.cpp"),
+                # koboldcpp's console (gpttype_adapter.cpp: "Processing Prompt [BLAS] (3695 / 3695 tokens)",
+                # "ContextLimit: 3713/4096, Processing:436.85s ..."), a program built on llama.cpp
+                ("Processing Prompt [BLAS]", "llama.cpp"), ("ContextLimit: ", "llama.cpp"),
                 ("common_params_fit", "llama.cpp"),
                 # llama.cpp's common loader and llama-server's exit on a load error (common.cpp, server.cpp); its
                 # loader's own refusal (llama-model-loader / llama.cpp llama_model_load: "error loading model: ...",

@@ -16,6 +16,9 @@ KEYWORDS = ("vLLM", "vllm", "KV cache", "max seq len", "gpu_memory_utilization",
             # halves of messages pasted re-wrapped (kvreport.logs.WRAP_PHRASES)
             "memory utilization", "KV cache memory", "is needed", "Tried to allocate",
             "max_num_batched_tokens=", "detected platform",
+            # V1's GPU worker and model runner records, and its sleep mode (RL trainers' colocated rollouts:
+            # "[gpu_worker.py:81] Sleep mode freed 42.16 GiB memory, 16.79 GiB memory is still in use.")
+            "[gpu_worker.py:", "[gpu_model_runner.py:", "Sleep mode freed",
             # V0's scheduler (core/scheduler.py _preempt): "Sequence group 221 is preempted by
             # PreemptionMode.RECOMPUTE mode because there is not enough KV cache space" (a warning; it carries on)
             "PreemptionMode.",
