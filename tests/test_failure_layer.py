@@ -436,6 +436,7 @@ EXAMPLES = [
      "kv_capacity"),
     ("vllm-cumem-allocator", "Runtime Error: Cuda error: out of memory at /workspace/csrc/cumem_allocator.cpp: 62", "cuda",
      "unknown"),
+    ("mlx-resource-limit", "RuntimeError: [metal::malloc] Resource limit (499000) exceeded", "metal", "unknown"),
     ("torch-allocator-warning", "[rank0]:[W922 05:15:28] memory allocation failed with OOM on device 0 while trying to "
                                 "allocate 3630170112 bytes (free: 202833920, total: 25250627584).", "cuda", "unknown"),
 ]
@@ -1250,3 +1251,17 @@ def test_vllms_sleep_mode_allocator_asks_for_a_smaller_fraction_first():
     first = d["suggestions"][0]
     assert d["engine"] == "vllm" and first["id"] == "lower-gpu-memory-utilization", first
     assert all(v < 0.9 for v in first["change"].values()), first
+
+
+def test_a_warning_record_in_failure_words_that_the_program_carried_on_after_is_no_failure():
+    """LMCache's WARNING record when its CPU buffer is full: vLLM goes on serving (LMCache#1285); the same words with
+    a failure after them are the failure."""
+    line = "[2025-08-09 17:55:57,778] LMCache WARNING: Failed to allocate memory for the KV cache.\n"
+    d = analyze_text(line)
+    assert d["failure"]["phase"] == "none" and any(x["kind"] == "recovered_allocation" for x in d["findings"])
+    assert analyze_text(line + "Traceback (most recent call last):\n")["failure"]["phase"] != "none"
+
+
+def test_a_count_limit_is_an_allocation_limit():
+    d = analyze_text("RuntimeError: [metal::malloc] Resource limit (499000) exceeded\n")
+    assert (d["engine"], d["failure"]["backend"], d["failure"]["verdict"]) == ("mlx-lm", "metal", "exceeds_alloc_limit")

@@ -3,6 +3,8 @@ history and public logs; the case logs under tests/data/cases are real runs)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kvreport.analyze import analyze_text
@@ -556,3 +558,28 @@ def test_a_pinned_refusal_is_the_backend_that_printed_it():
                            "sycl")):
         d = analyze_text(line + "\nload_tensors: offloaded 33/33 layers to GPU\n")
         assert (d["failure"]["phase"], d["failure"]["backend"]) == ("none", backend), line
+
+
+def test_a_prompt_that_quotes_an_oom_is_no_failure_and_never_kept():
+    """llama-server at -lv 4 logs each request's body: a user asking about a CUDA OOM is neither the server's failure
+    nor a key line (the prompt must not reach a bundle's excerpt or its error line)."""
+    body = ('srv  log_server_r: request:  {"messages":[{"role":"user","content":"My job says: RuntimeError: CUDA out '
+            'of memory. Tried to allocate 2.00 GiB; also cudaMalloc failed: out of memory"}]}')
+    log = "main: server is listening on http://127.0.0.1:8080 - starting the main loop\n" + body + "\n"
+    assert analyze_text(log)["failure"]["phase"] == "none"
+    assert not is_key_line(body)
+    assert not is_key_line("INFO 01-01 00:00:00 [logger.py:43] Received request chatcmpl-1: prompt: 'out of memory?'")
+
+
+def test_a_log_of_carriage_returns_is_read_without_re2_noise():
+    """A log whose lines end in CR alone (an old Mac editor, a progress bar) reaches the keyword search as a few very
+    long lines: RE2 must not run out of DFA memory and write its own errors into the user's terminal."""
+    import subprocess
+    import sys
+
+    cases = Path(__file__).parent / "data" / "cases"
+    src = next(p for p in sorted(cases.glob("loc-*/log.txt")) if "failed to allocate" in p.read_text())
+    text = src.read_text().replace("\n", "\r") * 20
+    run = subprocess.run([sys.executable, "-m", "kvreport.cli", "analyze", "-"], input=text, capture_output=True,
+                         text=True, timeout=120)
+    assert "re2.cc" not in run.stderr and "DFA out of memory" not in run.stderr, run.stderr[:500]

@@ -467,8 +467,9 @@ class _Diagnosis:
                 continue
             if e.get("warn") and not any(x["lineno"] > e["lineno"] and x["kind"] in ("oom", "engine", "final", "config")
                                          for x in real):
-                self.finding("recovered_allocation", "the allocator warned that memory could not be had and the log "
-                             "shows no failure after it (it frees its cache and retries)", e["line"])
+                self.finding("recovered_allocation", "the program warned that memory could not be had and the log "
+                             "shows no failure after it (it carried on: an allocator that frees its cache and retries, a "
+                             "cache layer that skips storing)", e["line"])
                 continue
             if any(n > e["lineno"] for n in success) and e.get("rule") not in REQUEST_RULES:
                 # (a refused request is final for that request: a server that goes idle after it did not recover it)
@@ -502,6 +503,10 @@ class _Diagnosis:
             self.finding("pool_size", f"ggml's fixed memory pool of {_fmt(ev['limit_mib'])} MiB (sized by llama.cpp "
                          f"itself, not a device limit) was {_fmt((ev.get('mib') or 0) - ev['limit_mib'])} MiB short",
                          ev["line"])
+        elif ev.get("count_limit") is not None:
+            self.limit = True
+            self.finding("alloc_limit", f"the allocator's count of live buffers reached the limit of "
+                         f"{ev['count_limit']} that the line names (a number of buffers, not bytes)", ev["line"])
         elif ev.get("limit_mib") is not None and ev.get("mib") is not None and ev["mib"] > ev["limit_mib"]:
             self.limit = True
             self.finding("alloc_limit", f"the request of {_fmt(ev['mib'])} MiB is above a limit of "

@@ -27,7 +27,7 @@ import re2
 from kvreport import strict
 from kvreport.engines import REGISTRY
 from kvreport.logs import llamacpp, ollama, oom, sglang, tgi, vllm
-from kvreport.logs.common import KeywordSet, clean_line, clean_pasted
+from kvreport.logs.common import KeywordSet, clean_line, clean_pasted, re2_options
 from kvreport.logs.facts import LogFacts
 from kvreport.logs.runs import LITERALS as _RUN_LITERALS
 from kvreport.logs.runs import is_run_start
@@ -49,12 +49,12 @@ def _literals(words) -> str:
 
 # Alternations of literals run in RE2 (a DFA: one pass whatever the number of keywords; Python's re tries each
 # alternative at each position, 30-50 us a line for these sets against 1-3 us)
-_KEY = re2.compile(_literals(KEYWORDS))
+_KEY = re2.compile(_literals(KEYWORDS), options=re2_options())
 # each parser only sees the lines its own keywords select (a key line for llama.cpp is not read by the vLLM regexes):
 # the line's keywords are found once (one RE2 Set pass), each parser's by a set intersection
 _ALL = KeywordSet(KEYWORDS)
 _OWN = tuple((p, frozenset(p.KEYWORDS)) for p in _PARSERS)
-_KEY_BYTES = re2.compile(_literals(KEYWORDS).encode())
+_KEY_BYTES = re2.compile(_literals(KEYWORDS).encode(), options=re2_options())
 
 
 def grep_ere() -> str:
@@ -84,14 +84,29 @@ def grep_pattern_file(mode: str = "-E") -> Iterator[str]:
             os.unlink(kwf.name)
 
 
+_USER_TEXT = re.compile(r"log_server_r\w*: |Received request \S+: prompt: |"
+                        r"msg=\"?(?:chat|completion|generate|embed)\w* request|Receive: obj=\w+ReqInput\(")
+"""A server's record of a request or its answer, whose text is the user's (llama-server's ``srv  log_server_r:
+request: {"messages": ...}`` at -lv 4, vLLM's ``Received request chatcmpl-1: prompt: '...'``, Ollama's debug
+``msg="chat request" ... prompt=...``, SGLang's ``Receive: obj=GenerateReqInput(text=...``): a prompt that quotes an
+out-of-memory error is no failure of the server, and no part of it may become the bundle's error line."""
+
+
+def user_text(line: str) -> bool:
+    """Whether ``line`` is a request or response body a server logged (:data:`_USER_TEXT`, within its first 200
+    characters): no parser reads it."""
+    return _USER_TEXT.search(line[:200]) is not None
+
+
 def is_key_line(line: str) -> bool:
     """True when ``line`` carries a fact some parser reads (kept in every bundle excerpt).
 
     Every parser only looks at lines that pass this test, so a bundle excerpt that keeps the key
-    lines gives the same facts as the whole log.
+    lines gives the same facts as the whole log. A request or answer a server logged is never one
+    (:func:`user_text`).
     """
     try:
-        return _KEY.search(line) is not None
+        return _KEY.search(line) is not None and not user_text(line)
     except TypeError:
         return False
 
@@ -150,8 +165,9 @@ def wrap_join(prev: str, line: str, adjacent: bool = True) -> str | None:
 def _feed_one(f: LogFacts, raw, lineno: int) -> None:
     line = clean_line(raw)
     present = _ALL.present(line) if line else None
-    if not present or oom.prose_not_failure(line):
-        return  # (a typed sentence that mentions an error without reporting one: "no more OOM", a question)
+    if not present or oom.prose_not_failure(line) or user_text(line):
+        return  # (a typed sentence that mentions an error without reporting one: "no more OOM", a question; a
+        # prompt or an answer the server logged)
     f.key_line_count += 1
     if is_run_start(line) and f.run_failed():
         f.fold()  # a new run after a failure: count the failed run, keep only the new run's facts

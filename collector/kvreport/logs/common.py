@@ -123,6 +123,19 @@ def size_to_mib(value: float, unit: str) -> float:
     return value
 
 
+def re2_options():
+    """RE2's options for the keyword alternations (a few hundred literals): a DFA budget of 64 MiB, not the default 8,
+    which a line of tens of KiB with many near-matches (a CR-only log read as one line, a progress bar) used up --
+    RE2 then fell back to its NFA and wrote "DFA out of memory" to stderr in the middle of a diagnosis; and no error
+    logging of its own (a fallback is slower, never wrong)."""
+    import re2
+
+    opts = re2.Options()
+    opts.max_mem = 64 << 20
+    opts.log_errors = False
+    return opts
+
+
 def case_variants(*phrases: str) -> tuple[str, ...]:
     """Every way engines capitalise a phrase: each word lower or capitalised, and all upper ("out of memory", "Out of
     Memory" (tt-metal's TT_FATAL), "Out Of Memory", "OUT OF MEMORY"...). The prefilter's literals are case-sensitive,
@@ -144,7 +157,7 @@ class KeywordSet:
 
     def __init__(self, keywords: Iterable[str]):
         self.words = tuple(dict.fromkeys(keywords))
-        self._set = re2.Set.SearchSet(re2.Options())
+        self._set = re2.Set.SearchSet(re2_options())
         for w in self.words:
             self._set.Add(re.escape(w))
         self._set.Compile()

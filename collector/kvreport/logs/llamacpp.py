@@ -391,6 +391,55 @@ def _device_names(f: LogFacts, line: str, lineno: int) -> bool:
     return False
 
 
+_SCHED_DEV = re.compile(r"\bis assigned to device ((?:CUDA|ROCm|MUSA|Vulkan|SYCL|CANN|Metal|MTL)\d*)\b")
+_SLOT_TASK = re.compile(r"\bid\s+\d+ \| task -?\d+ \|")
+
+
+def _sched_reserve(f: LogFacts, line: str, lineno: int) -> bool:
+    """llama-context.cpp's graph reservation (2026): "sched_reserve: layer 0 is assigned to device CUDA0 but the Flash
+    Attention tensor is assigned to device CPU", "sched_reserve: Flash Attention was auto, set to disabled": llama.cpp,
+    and the device it placed layers on."""
+    f.engine_hints["llama.cpp"] += 1
+    m = _SCHED_DEV.search(line)
+    if m:
+        f.set_device(m.group(1), "sched_reserve")
+    return False
+
+
+def _slot_task(f: LogFacts, line: str, lineno: int) -> bool:
+    """llama-server's context checkpoint lines (2025-26, server-context.cpp: "slot create_check: id  0 | task 300 |
+    created context checkpoint ...", "I slot   operator(): id  3 | task 154 | checking checkpoint ..."): llama.cpp
+    (its other slot lines, progress and timings, are not key lines)."""
+    if _SLOT_TASK.search(line):
+        f.engine_hints["llama.cpp"] += 1
+    return False
+
+
+_SYCL_INIT = re.compile(r"ggml_sycl_init: found (\d+) SYCL devices")
+_DEV_LINE = re.compile(r"^((?:CUDA|ROCm|MUSA|Vulkan|SYCL|CANN|MTL)\d+): (\S.*?)\s*$")
+_DEV_PREFIXES = tuple(f"{p}{i}: " for p in ("CUDA", "ROCm", "MUSA", "Vulkan", "SYCL", "CANN", "MTL") for i in range(8))
+"""``--list-devices``' lines ("Available devices:" then "  Vulkan0: AMD Radeon AI PRO R9700", indented, with "(N MiB,
+M MiB free)" after the name in builds that can ask the device; common/arg.cpp), device 0 to 7 of each backend: a
+cleaned line (no indent) that starts with the device's name."""
+
+
+def _sycl_init(f: LogFacts, line: str, lineno: int) -> bool:
+    """ggml-sycl's "ggml_sycl_init: found 2 SYCL devices": the devices ggml names SYCL0, SYCL1, ..."""
+    m = _SYCL_INIT.search(line)
+    if m:
+        for i in range(min(int(m.group(1)), 16)):
+            f.set_device(f"SYCL{i}", "sycl_init")
+        f.engine_hints["llama.cpp"] += 1
+    return True
+
+
+def _listed_device(f: LogFacts, line: str, lineno: int) -> bool:
+    m = _DEV_LINE.search(line)
+    if m and "MiB free" not in line:  # (the sized form is read by _device_free)
+        f.set_device(m.group(1), "list_devices", description=m.group(2))
+    return False
+
+
 def _cuda_init(f: LogFacts, line: str, lineno: int) -> bool:
     m = _CUDA_INIT.search(line)
     if m:
@@ -522,9 +571,14 @@ SECTIONS: tuple[Section, ...] = (
     Section("SYCL free memory not reported", ("use total memory as free memory",), _sycl_free),
     Section("device names (Vulkan, Metal, SYCL)", ("ggml_vulkan: ", "GPU name:", "found device:", ":gpu:", "| uma: "),
             _device_names),
+    Section("scheduler placement (sched_reserve, 2026)", ("sched_reserve:",), _sched_reserve),
+    Section("llama-server context checkpoints", ("context checkpoint", "checking checkpoint"), _slot_task),
     Section("llamafile GPU support", ("GPU support successfully loaded",), _llamafile_gpu),
     Section("system_info (2023-24 format)", ("system_info: n_threads",), _system_info),
     Section("ggml_cuda_init", ("ggml_cuda_init",), _cuda_init),
+    Section("ggml_sycl_init", ("ggml_sycl_init: found",), _sycl_init),
+    Section("--list-devices", ("Available devices:",), _hint_words),
+    Section("--list-devices lines", _DEV_PREFIXES, _listed_device),
     Section("CUDA device list", ("Device ",), _cuda_device),
     Section("DXGI budget (Vulkan on Windows)", ("DXGI",), _dxgi),
     Section("memory breakdown", ("memory breakdown", "| - ", "|   - "), _breakdown),
@@ -814,7 +868,11 @@ def _f_ctx_exception(f: LogFacts, m: re.Match, line: str, lineno: int) -> None:
 
 
 _CONFIG_OWN = re.compile(r"unknown model architecture|error loading model|n_seq_max must be|is not a GGUF file|"
-                         r"error while handling argument \"|ggml_metal_init|SPLIT_MODE_TENSOR requires")
+                         r"error while handling argument \"|ggml_metal_init|SPLIT_MODE_TENSOR requires|"
+                         # llama-context.cpp's refusal of a quantized V cache without flash attention (2024: "V cache
+                         # quantization requires flash_attn"; 2025-26: "quantized V cache was requested, but this
+                         # requires Flash Attention"), as LM Studio relays it too
+                         r"V cache quantization requires flash_attn|quantized V cache was requested")
 """The refusals of :data:`_CONFIG` in words only llama.cpp prints (its loader, its context, its argument parser): the
 engine too, when nothing else in the log names it (LM Studio's relay of a load error)."""
 

@@ -153,6 +153,10 @@ def _msg_record(f: LogFacts, line: str, lineno: int) -> bool:
     o = f.ollama
     a = _attrs(line)
     msg = a.get("msg", "")
+    if a.get("library") and a["library"].lower() not in ("cpu", ""):
+        # the GPU library a record names ('msg=evaluating library=vulkan gpu_count=1', 'msg="gpu has too little memory
+        # to allocate any layers" library=vulkan'): the backend the scheduler planned for, until a record says more
+        o.setdefault("gpu_library", a["library"].strip().lower())
     if msg.startswith("offload"):
         _offload_record(f, a, msg, line, lineno)
     elif msg in ("kv cache", "model weights", "compute graph", "total memory"):

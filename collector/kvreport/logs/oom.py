@@ -437,6 +437,12 @@ RULES: tuple[OomRule, ...] = (
             "metal", "mlx/backend/metal/allocator.cpp MetalAllocator::malloc (2024 builds threw the text without the "
             "'[metal::malloc]' prefix: 'std::runtime_error: Attempting to allocate N bytes which is greater than ...')",
             engine="mlx-lm", read=_mlx_buffer),
+    # -- mlx's Metal allocator counts its live buffers too (mlx/backend/metal/allocator.cpp, 2025-26: "[metal::malloc]
+    #    Resource limit (499000) exceeded"): a limit on how many, not on bytes (a cache that never frees, mlx-vlm#2042)
+    OomRule("mlx-resource-limit", ("Resource limit (",),
+            re.compile(r"\[metal::malloc\] Resource limit \((\d+)\) exceeded"), "metal",
+            "mlx backend/metal/allocator.cpp (mlx-lm, mlx-vlm, 2025-26)", engine="mlx-lm",
+            read=lambda m: {"count_limit": int(m.group(1))}),
     OomRule("mlx-malloc-or-wait", ("[malloc_or_wait]", "[malloc]"),
             re.compile(r"\[(?:malloc_or_wait|malloc)\] Unable to allocate (\d+) bytes"),
             "metal", "mlx/backend/metal/allocator.cpp (malloc_or_wait, 2024; malloc, 2025)", engine="mlx-lm",
@@ -955,9 +961,10 @@ RULES: tuple[OomRule, ...] = (
     # -- a loader's own size check that states both sides ("model requires 71.4 GiB but only 58.1 GiB are available
     #    (after 512.0 MiB overhead)": Ollama's MLX runner, 2026, x/mlxrunner): refused before any allocation
     OomRule("requires-but-only", ("but only",),
-            re.compile(r"requires (?P<need>[\d.]+) ?(?P<nu>[KMGT]i?B) but only (?P<have>[\d.]+) ?(?P<hu>[KMGT]i?B) "
-                       r"(?:are|is) (?:available|free)"), None,
-            "ollama x/mlxrunner's pre-load check (2026), as the hunt read it", phase="memory_budget",
+            re.compile(r"requires [~≈]?(?P<need>[\d.]+) ?(?P<nu>[KMGT]i?B)(?: peak)? but only (?P<have>[\d.]+) ?"
+                       r"(?P<hu>[KMGT]i?B) (?:(?:are|is) )?(?:available|free)"), None,
+            "ollama x/mlxrunner's pre-load check (2026), as the hunt read it; vMLX's ('model requires ≈92.5 GB peak but "
+            "only 47.5 GB available on this machine', vmlx#125)", phase="memory_budget",
             read=lambda m: {"mib": _mib(m.group("need"), m.group("nu")), "free_mib": _mib(m.group("have"), m.group("hu"))}),
     # -- oMLX (jundot/omlx, an MLX server for Macs, 2026): its engine pool refuses a model above its own limits before
     #    loading: "Model 'X' (218.08GB) exceeds max-model-memory (25.00GB)" (engine_pool.py ModelTooLargeError, HTTP 507)
@@ -1209,6 +1216,8 @@ RULES: tuple[OomRule, ...] = (
             phase="kv_capacity", generic=True),
     # -- the net: any other line in the words of a memory failure (format not fully understood)
     OomRule("memory-words", (*case_variants("out of memory", "out-of-memory", "insufficient memory", "not enough memory",
+                                            *(f"not enough {w} memory" for w in ("free", "gpu", "GPU", "device",
+                                                                                 "system", "host", "video", "unified")),
                                             "failed to allocate", "unable to allocate", "could not allocate",
                                             "cannot allocate", "can not allocate", "couldn't allocate",
                                             "can't allocate",
@@ -1218,7 +1227,8 @@ RULES: tuple[OomRule, ...] = (
                              "OutOfMemory", "OUT_OF_MEMORY", "out_of_memory", "more system memory", "requires more memory",
                              "memory object", "Malloc failed", "GPU resources", "sufficient memory", "not fit in",
                              "OOM", "oom"),
-            re.compile(r"(?i:out[ _-]?of[ _-]?memory|insufficient[ _]memory|not enough (?:\w+ )?memory|"
+            re.compile(r"(?i:out[ _-]?of[ _-]?memory|insufficient[ _]memory|not enough (?:(?:free|gpu|device|system|host|"
+                       r"video|unified) )?memory|"
                        # a guard's own limit ("Request aborted: process memory limit exceeded (usage 26.7 GB ...)",
                        # oMLX; "Memory limit exceeded during prefill")
                        r"memory limit exceed(?:ed|s)\b|"
@@ -1301,6 +1311,8 @@ STAGES = (
       # vLLM V1's engine core and workers serving requests (v1/engine/core.py run_busy_loop, multiproc_executor.py
       # worker_busy_loop)
       "run_busy_loop", "worker_busy_loop",
+      # vLLM V0's engine loop (engine/multiprocessing/engine.py MQLLMEngine.run_engine_loop -> engine_step)
+      "run_engine_loop", "in engine_step",
       # the sampler's logits and logprobs of a step (vLLM model_executor/layers/sampler.py get_logprobs, logits
       # processor compute_logits): activations of that step
       ", in get_logprobs", ", in compute_logits", "/layers/sampler.py"),
@@ -1434,7 +1446,11 @@ FATAL = OomRule(
                     # from server: EOF"), vLLM's ERROR records (logger.py: "ERROR 01-06 06:43:02 [file.py:419] Failed to ..."; a
                     # message, not a traceback's indented frames)
                     "ErrorDeviceLost", "DeviceLostError", "device lost on ", "decode() failed: ", "send_error: ",
-                    "rpc error: code = ", "ERROR "),
+                    "rpc error: code = ", "ERROR ",
+                    # ROCr's GPU page fault (a kernel touched memory it does not own: a crash, not an allocation);
+                    # mlx's Metal backend errors that are not memory ("[metal::Device] Unable to load function ...",
+                    # "Failed to load the default metallib"), and a server that died before it was ready
+                    "Memory access fault by GPU", "[metal::", "default metallib", "exited before becoming ready"),
     re.compile(r"panic: |Traceback \(most recent call last\)|terminate called after throwing|Segmentation fault|"
                r"core dumped|\bAborted\b|\bFATAL\b|[Ff]atal error|GGML_ASSERT|ggml_abort|exit status -?\d|"
                r"exited with (?:code|status) -?[1-9]|level=ERROR|ShardCannotStart|failed to start|"
@@ -1456,6 +1472,8 @@ FATAL = OomRule(
                # glibc backtrace_symbols: "/usr/lib/libllama.so(llama_decode+0xc)[0x7f15...]"
                r"|\(\S*\+0x[0-9a-f]+\)\[0x[0-9a-f]+\]"
                r"|ErrorDeviceLost|DeviceLostError|\bdevice lost on \w|\bdecode\(\) failed: |\bsend_error: task id = \d+, error: |"
+               r"\bMemory access fault by GPU node|\[metal::\w+\] |Failed to load the default metallib|"
+               r"exited before becoming ready|"
                r"\brpc error: code = \w+ desc = |^(?:\([^()\n]{1,40} pid=\d+\) )?ERROR \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]\n]{1,80}\] [A-Z]"),
     None, "the last line of a failure that is not (or not recognisably) about memory: panics, tracebacks, "
           "asserts, aborts, exit statuses", memory=False)
@@ -1463,6 +1481,7 @@ FATAL = OomRule(
 
 CRASH = re.compile(GGML_ABORT_AT + "|" + GLIBC_HEAP_ABORT + r"|GGML_ASSERT|ggml_abort|Segmentation fault|SIGSEGV|SIGABRT|core dumped|\bAborted\b|panic: |"
                    r"terminate called|illegal memory access|ErrorDeviceLost|DEVICE_REMOVED|has crashed|"
+                   r"Memory access fault by GPU node|"
                    # an engine's own assertion (Python's AssertionError, a Metal shader's static_assert at library
                    # build), ggml's fixed metadata pool sized too small by the engine itself (ggml_new_object)
                    r"\bAssertionError\b|static_assert failed|ggml_new_object: not enough space|"
@@ -1489,6 +1508,12 @@ KEYWORDS: tuple[str, ...] = tuple(sorted({k for r in (*RULES, FATAL) for k in r.
                                             "direct cause of the following exception", *_CAPTURE_DONE_WORDS,
                                             "model_memory=", '"n_ctx": ', "radv/amdgpu:", "Available Free mem", "Requested  ", "Free (according to CUDA)", *_KV_POOL_WORDS}))
 """Every literal that selects a line for this layer (derived from :data:`RULES`, never kept by hand)."""
+
+_LOG_LEVEL_WARN = re.compile(r"(?:^|[\s\[\]|)])(?:WARNING|WARN|level=WARN)\b")
+"""A logger's WARNING record: the program said it and carried on (LMCache's "[2025-08-09 17:55:57,778] LMCache WARNING:
+Failed to allocate memory for the KV cache." when its CPU buffer is full; vLLM goes on serving)."""
+SUMMARY_RULES = ("kv-summary", "need-have", "need-but-only")
+"""The rules for lines as people type them (a summary in an issue); a logger's record in their words is a program's."""
 
 _SELF_RECOVERY = re.compile(r"(?i)\b(?:skipping|falling back|fall(?:ing)? back to|fallback to|will retry|retrying)\b|"
                             # ggml-backend.cpp ggml_backend_sched_alloc_splits (debug builds): "failed to allocate graph,
@@ -1561,7 +1586,10 @@ HOST_RULES = ("oom-killer", "enomem", "bad-alloc", "python-memoryerror", "ios-je
 _BACKEND_WORDS = (("hip", "rocm"), ("rocm", "rocm"), ("rocblas", "rocm"), ("cuda", "cuda"), ("cublas", "cuda"),
                   ("musa", "musa"), ("vulkan", "vulkan"), ("vk", "vulkan"), ("metal", "metal"), ("mtl", "metal"),
                   ("sycl", "sycl"), ("xpu", "sycl"), ("opencl", "opencl"), ("cann", "cann"), ("npu", "cann"),
-                  ("openvino", "openvino"), ("mindie", "cann"))
+                  ("openvino", "openvino"), ("mindie", "cann"),
+                  # ROCr's GPU page-fault report ("Memory access fault by GPU node-2 (Agent handle: ...) on address ...
+                  # Reason: Page not present"), mlx's compiled Metal kernels ("Failed to load the default metallib")
+                  ("memory access fault by gpu node", "rocm"), ("metallib", "metal"))
 """Backend words in a failure line, each matched as a word or a word's prefix ("hipMalloc", "CUDA0", "ggml-cann",
 "npu:0"), never inside another word ("cannot" is not CANN, "ship" not HIP)."""
 _BACKEND_RX = re.compile(r"(?<![a-z])(" + "|".join(w for w, _ in _BACKEND_WORDS) + r")(?:malloc|blas|_|\d|(?![a-z]))")
@@ -1734,7 +1762,9 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
             f.engine_hints[rule.engine] += 2 if rule.engine != "llama.cpp" else 1
         f.add_event("oom", lineno, line, rule=rule.id, backend=backend, phase=data.pop("phase", rule.phase), engine=rule.engine,
                     generic=rule.generic, memory=rule.memory, py_stage=f.py_stage or None,
-                    **({"warn": True} if rule.warn or (rule.generic and _SELF_RECOVERY.search(line)) else {}), **data)
+                    **({"warn": True} if rule.warn or (rule.generic and _SELF_RECOVERY.search(line))
+                       or ((rule.generic or rule.id in SUMMARY_RULES) and _LOG_LEVEL_WARN.search(line[:120])) else {}),
+                    **data)
         return
     if not present.isdisjoint(FATAL.keywords) and FATAL.pattern.search(line):
         lost = _DEVICE_LOST.search(line)
