@@ -15,18 +15,19 @@ The statements are built once per shape with every value a parameter (building a
 statement costs more CPU than running it).
 
 **Trend.** ``clusters.trend`` is the cluster's bundles of the last 7 UTC days minus the 7 before (its
-``cluster_days`` rows of ``(day - 14, day]``) as of the day ``clusters.trend_day``, so that ``sort=trend``
-reads an index instead of summing every cluster's day rows. A writer keeps it on the cluster row it
-updates anyway, after its day rows: it locks the row first (the lock the UPDATE takes, one statement
-earlier) and reads its ``trend_day``; a row as of the writer's today gets ``trend + delta`` (what the
-writer's day changes make), any other (as of an older day, or NULL) the sum of the cluster's day rows of
-the window as of today (at most 14 rows, through the primary key). Because the row is locked before
-the UPDATE starts, the UPDATE reads every day row committed by a writer before it (PostgreSQL: a new
-statement, a new snapshot), and a writer still running adds its own delta after it: the stored trend
-stays exact under concurrent writers, at midnight too. A new UTC day leaves rows as of an older day:
-:func:`refresh_trends` brings them to today in one UPDATE (the first ``sort=trend`` request of a day),
-leaving ``trend_day`` NULL for a cluster with no day row in the window, whose trend stays 0 until a
-writer counts a bundle into it.
+``cluster_days`` rows of ``(day - 14, day]``), so that ``sort=trend`` reads an index instead of summing
+every cluster's day rows. The value holds from ``trend_day`` (the day it was computed for) through
+``trend_until`` (NULL: for good): the day before the first day on which one of the cluster's day rows
+crosses a week boundary (:func:`trend_until`), so a new day changes only the rows with bundles on the
+two days that cross, and :func:`refresh_trends` (the first ``sort=trend`` request of a day) rewrites only
+those, in one UPDATE. A writer keeps the value on the cluster row it updates anyway, after its day rows:
+it locks the row first (the lock the UPDATE takes, one statement earlier) and reads the trend; a value
+that holds today gets the writer's change (:func:`trend_delta`) and the earlier of the two last days;
+any other is summed again from the cluster's day rows (at most 14 and those after today, through the
+primary key). Because the row is locked before the UPDATE starts, that UPDATE reads every day row
+committed by a writer before it (PostgreSQL: a new statement, a new snapshot), and a writer still
+running adds its own change after it: the stored trend stays exact under concurrent writers, at
+midnight too.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 
-from sqlalchemy import any_, bindparam, case, delete, exists, func, or_, select, update
+from sqlalchemy import Date, Integer, any_, bindparam, case, delete, func, literal_column, select, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -67,6 +68,24 @@ def trend_delta(days: Iterable[tuple[dt.date, int]], today: dt.date) -> int:
     return sum((d if day > w["p_week"] else -d) for day, d in days if w["p_fortnight"] < day <= today)
 
 
+def trend_until(days: Iterable[dt.date], today: dt.date) -> dt.date | None:
+    """The last day on which a trend as of ``today`` still holds as far as day rows ``days`` go: a day of
+    this week moves to last week 7 days on, a day of last week leaves 14 days on, a day after today
+    comes in on its day; None when none of them ever changes it."""
+    w = trend_window(today)
+    ends = [day - dt.timedelta(days=1) if day > today else
+            day + dt.timedelta(days=TREND_DAYS - 1) if day > w["p_week"] else
+            day + dt.timedelta(days=2 * TREND_DAYS - 1) for day in days if day > w["p_fortnight"]]
+    return min(ends, default=None)
+
+
+def _plus_days(col, n: int, dialect: str):
+    """``col`` (a date) plus ``n`` days, in the dialect's words."""
+    if dialect == "postgresql":
+        return col + literal_column(str(n), Integer)
+    return func.date(col, f"{n:+d} days", type_=Date)
+
+
 def _trend_sum(cluster_id):
     """The trend of the cluster ``cluster_id`` (a column or parameter) as of ``p_today``, summed from its
     day rows (a scalar subquery; at most 14 rows, read through the primary key)."""
@@ -75,6 +94,16 @@ def _trend_sum(cluster_id):
     return (select(func.coalesce(func.sum(case((d.day > week, d.count), else_=-d.count)), 0))
             .where(d.cluster_id == cluster_id, d.day > fortnight, d.day <= bindparam("p_today", type_=d.day.type))
             .scalar_subquery())
+
+
+def _until_sum(cluster_id, dialect: str):
+    """:func:`trend_until` of the cluster's day rows, in SQL (a scalar subquery: NULL when none counts)."""
+    d = DT.c
+    week, fortnight = bindparam("p_week", type_=d.day.type), bindparam("p_fortnight", type_=d.day.type)
+    end = case((d.day > bindparam("p_today", type_=d.day.type), _plus_days(d.day, -1, dialect)),
+               (d.day > week, _plus_days(d.day, TREND_DAYS - 1, dialect)),
+               else_=_plus_days(d.day, 2 * TREND_DAYS - 1, dialect))
+    return select(func.min(end)).where(d.cluster_id == cluster_id, d.day > fortnight).scalar_subquery()
 
 
 def as_utc(value: dt.datetime | None) -> dt.datetime | None:
@@ -130,7 +159,7 @@ class _Span:
 
 
 @functools.cache
-def _cluster_update(parts: frozenset[str]):
+def _cluster_update(parts: frozenset[str], dialect: str = ""):
     """``UPDATE clusters`` of one cluster (``p_id``) with the given parts, every value a parameter: one
     statement object per shape, built once (building SQLAlchemy statements costs more CPU than
     running them). Every right side reads the row as it was before the statement."""
@@ -156,11 +185,12 @@ def _cluster_update(parts: frozenset[str]):
     if "verdict" in parts:  # not part of the key (scheme 2): the cluster shows a known one once a bundle has it
         values["verdict"] = case((c.verdict.is_(None) | (c.verdict == "unknown"),
                                   bindparam("p_verdict", type_=CT.c.verdict.type)), else_=c.verdict)
-    if "trend_add" in parts:  # the row is as of today (read under its lock): this change added
-        values["trend"] = c.trend + bindparam("p_trend", type_=CT.c.trend.type)
-    if "trend_sum" in parts:  # as of another day: summed from the day rows (this transaction's included)
-        values["trend"] = _trend_sum(c.id)
-        values["trend_day"] = bindparam("p_today", type_=CT.c.trend_day.type)
+    if "trend_set" in parts:  # worked out from the row read under its lock and this change
+        values.update(trend=bindparam("p_trend", type_=c.trend.type), trend_until=bindparam("p_until", type_=Date()),
+                      trend_day=bindparam("p_today", type_=Date()))
+    if "trend_sum" in parts:  # summed from the day rows (this transaction's included) as of today
+        values.update(trend=_trend_sum(c.id), trend_until=_until_sum(c.id, dialect),
+                      trend_day=bindparam("p_today", type_=Date()))
     if "range" in parts:  # recomputed from the bundles (after some left)
         values.update({k: bindparam(f"p_{k}", type_=CT.c[k].type) for k in _RANGE})
     stmt = update(CT).where(c.id == bindparam("p_id", type_=CT.c.id.type))
@@ -190,7 +220,7 @@ class Counts:
     titles: dict[int, str] = dataclasses.field(default_factory=dict)
     started: float = 0.0  # perf_counter() when apply() began taking counter rows
     today: dt.date | None = None  # the day the trends written by apply() are as of
-    trends: dict[int, int] = dataclasses.field(default_factory=dict)  # cluster -> trend change as of today
+    day_changes: dict[int, list] = dataclasses.field(default_factory=dict)  # cluster -> [(day, delta)]
 
     def _bump(self, cid: int, t: dt.datetime, facets: Iterable[tuple[str, str]], delta: int) -> None:
         self.count[cid] += delta
@@ -236,11 +266,10 @@ class Counts:
         """Write every change, in the global lock order; the cluster rows written, by id."""
         self.started = time.perf_counter()
         self.today = utc_today()
-        by_cluster: dict[int, list] = {}
+        self.day_changes = {}
         for (cid, day), d in self.days.items():
             if d:
-                by_cluster.setdefault(cid, []).append((day, d))
-        self.trends = {cid: trend_delta(days, self.today) for cid, days in by_cluster.items()}
+                self.day_changes.setdefault(cid, []).append((day, d))
         machines: Counter = Counter()
         for (cid, kind, _v), n, d in _add_counts(session, ClusterFacet.__table__, ("cluster_id", "kind", "value"),
                                                  self.facets):
@@ -249,7 +278,7 @@ class Counts:
         _add_counts(session, ClusterDay.__table__, ("cluster_id", "day"), self.days)
         out = {}
         for cid in sorted(set(self.count) | set(self.spans) | self.lost | set(self.titles) | set(machines)
-                          | set(self.trends)):
+                          | set(self.day_changes)):
             row = self._cluster(session, cid, machines[cid])
             if row is not None:
                 out[cid] = Cluster(**dict(row._mapping))
@@ -269,14 +298,19 @@ class Counts:
                 more -= {"times", "builds", "version"}
             parts |= more
             values.update(more_values)
-        if cid in self.trends:
+        if cid in self.day_changes:
             # lock the row before the UPDATE reads the day rows (see the module docstring)
-            if session.execute(_LOCK_ROW, {"p_id": cid}).scalar() == self.today:
-                parts.add("trend_add")
-                values["p_trend"] = self.trends[cid]
+            now = session.execute(_LOCK_ROW, {"p_id": cid}).one_or_none()
+            today, changes = self.today, self.day_changes[cid]
+            if now is not None and (now.trend_day is None or now.trend_day <= today) and (
+                    now.trend_until is None or today <= now.trend_until):  # it holds today: add this change
+                ends = [e for e in (now.trend_until, trend_until((day for day, _d in changes), today)) if e]
+                parts.add("trend_set")
+                values.update(p_trend=now.trend + trend_delta(changes, today), p_until=min(ends, default=None),
+                              p_today=today)
             else:
                 parts.add("trend_sum")
-                values.update(trend_window(self.today))
+                values.update(trend_window(today))
         if cid in self.titles:
             parts.add("title")
             values["p_title"] = self.titles[cid]
@@ -284,8 +318,8 @@ class Counts:
             parts.add("count")  # locks the row before its bundles are read
         if not parts:
             return None
-        row = session.execute(_cluster_update(frozenset(parts)), {"p_count": 0, "p_machines": 0, **values}
-                              ).one_or_none()
+        row = session.execute(_cluster_update(frozenset(parts), session.get_bind().dialect.name),
+                              {"p_count": 0, "p_machines": 0, **values}).one_or_none()
         if cid in self.lost:  # the row is locked now: the cluster's bundles are settled
             rng = {f"p_{k}": v for k, v in _range_of(session, cid).items()}
             row = session.execute(_cluster_update(frozenset({"range"})), {"p_id": cid, "p_now": utcnow(), **rng}
@@ -293,7 +327,7 @@ class Counts:
         return row
 
 
-_LOCK_ROW = (select(CT.c.trend_day).where(CT.c.id == bindparam("p_id", type_=CT.c.id.type))
+_LOCK_ROW = (select(CT.c.trend, CT.c.trend_day, CT.c.trend_until).where(CT.c.id == bindparam("p_id", type_=CT.c.id.type))
              .with_for_update(key_share=True))  # FOR NO KEY UPDATE: the lock an UPDATE of the row takes
 
 
@@ -346,31 +380,30 @@ def _range_of(session: Session, cid: int) -> dict:
 
 
 def _stale(today):
-    """Cluster rows whose trend is as of another day than ``today`` (NULL: 0 until a bundle comes)."""
-    return or_(CT.c.trend_day < today, CT.c.trend_day > today)
+    """Cluster rows whose trend no longer holds on ``today`` (``trend_until`` before it; an index read)."""
+    return CT.c.trend_until < today
 
 
 @functools.cache
 def _refresh(dialect: str):
-    """``UPDATE clusters`` bringing rows to ``p_today``: their trend summed from their day rows, and
-    ``trend_day`` that day, or NULL when no day row is in the window or after it (then the trend stays
-    0 on later days, until a writer counts a bundle in and sums it again). On PostgreSQL the rows are
-    the ids ``p_ids`` locked before (:func:`refresh_trends`), else the stale ones (SQLite: one writer)."""
-    c, d = CT.c, DT.c
-    today = bindparam("p_today", type_=c.trend_day.type)
-    recent = exists().where(d.cluster_id == c.id, d.day > bindparam("p_fortnight", type_=d.day.type))
+    """``UPDATE clusters`` bringing rows to ``p_today``: their trend and the last day it holds, summed
+    from their day rows. On PostgreSQL the rows are the ids ``p_ids`` locked before
+    (:func:`refresh_trends`), else the stale ones (SQLite: one writer at a time)."""
+    c = CT.c
     if dialect == "postgresql":
         where = c.id == any_(bindparam("p_ids", type_=postgresql.ARRAY(c.id.type)))
     else:
-        where = _stale(today)
-    return update(CT).where(where).values(trend=_trend_sum(c.id), trend_day=case((recent, today), else_=None))
+        where = _stale(bindparam("p_today", type_=Date()))
+    return update(CT).where(where).values(trend=_trend_sum(c.id), trend_until=_until_sum(c.id, dialect),
+                                          trend_day=bindparam("p_today", type_=Date()))
 
 
 def refresh_trends(session: Session, today: dt.date | None = None) -> int:
-    """Bring every cluster's trend to ``today`` (default: :func:`utc_today`) in one UPDATE of the rows
-    as of another day (none after the first call of a day); the caller commits. Returns the rows updated.
+    """Bring the clusters whose trend changes on ``today`` (default: :func:`utc_today`) to it, in one
+    UPDATE of those rows only (none after the first call of a day); the caller commits. Returns the
+    rows updated.
 
-    On PostgreSQL the stale rows are locked first, in id order (the writers' order, ``store.py``, so no
+    On PostgreSQL those rows are locked first, in id order (the writers' order, ``store.py``, so no
     writer and refresh wait for each other in a cycle; a row a writer brought to today meanwhile drops
     out, as the lock re-reads it), and the UPDATE is a later statement: it reads every day row committed
     before it, and a writer still running adds its own change after it (the module docstring)."""
@@ -386,6 +419,6 @@ def refresh_trends(session: Session, today: dt.date | None = None) -> int:
 
 
 def stale_trends(session: Session, today: dt.date | None = None) -> bool:
-    """Whether some cluster's trend is as of another day than ``today`` (an index read)."""
+    """Whether some cluster's trend no longer holds on ``today`` (an index read)."""
     today = today or utc_today()
     return session.execute(select(CT.c.id).where(_stale(today)).limit(1)).first() is not None

@@ -6,11 +6,10 @@
   upload transaction (``store.py``), so the cluster list never scans bundles.
 * ``ClusterFacet``: per-cluster counts of a fact (engine version, GPU, model, n_ctx, suggestion...).
 * ``ClusterDay``: per-cluster bundle count per UTC day (sparklines, trend).
-* ``Cluster.trend`` / ``trend_day``: the cluster's trend (its bundles of the last 7 UTC days minus the 7
-  before, from ``cluster_days``) as of ``trend_day``, kept by the writers (``counts.Counts``) and brought
-  to a new day by :func:`kvreport_server.counts.refresh_trends`, so that ``sort=trend`` reads an index
-  (``ix_clusters_trend``). ``trend_day`` NULL: no bundle in the 14 days before the last refresh, so
-  ``trend`` is 0 until a writer counts one in.
+* ``Cluster.trend``: the cluster's trend (its bundles of the last 7 UTC days minus the 7 before, from
+  ``cluster_days``), which holds from ``trend_day`` through ``trend_until`` (NULL: for good), kept by the
+  writers (``counts.Counts``) and brought to a new day by :func:`kvreport_server.counts.refresh_trends`,
+  so that ``sort=trend`` reads an index (``ix_clusters_trend``).
 * Search (``q``) on PostgreSQL: pg_trgm GIN indexes on ``lower(title)``, ``lower(key)`` and the
   ``lower(value)`` of the facet kinds searched (migration 0007; none where pg_trgm is missing).
 * ``FacetTotal``: per-facet-value counts over all bundles (the "overall" side of correlations),
@@ -87,7 +86,8 @@ class Cluster(Base):
     merged_into: Mapped[int | None] = mapped_column(ForeignKey("clusters.id", name="fk_clusters_merged_into"))
     merged_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     trend: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
-    trend_day: Mapped[dt.date | None] = mapped_column(Date, index=True)
+    trend_day: Mapped[dt.date | None] = mapped_column(Date)
+    trend_until: Mapped[dt.date | None] = mapped_column(Date, index=True)
 
 
 # ``sort=trend`` (ORDER BY trend DESC, count DESC, id ... LIMIT): read in index order

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import and_, bindparam, exists, func, or_, select, union_all
+from sqlalchemy import and_, bindparam, exists, func, literal, or_, select, union_all
 from sqlalchemy.orm import Session
 
 from kvreport_server import counts
@@ -102,7 +102,7 @@ def list_clusters(session: Session, *, engine=None, backend=None, phase=None, ve
     if q:
         conds.append(_search(q, session.get_bind().dialect.name))
     where = and_(*conds) if conds else True
-    total = session.execute(select(func.count()).select_from(Cluster).where(where)).scalar_one()
+    count_all = select(func.count()).select_from(Cluster).where(where)
 
     if sort == "trend":
         _fresh_trends(session, db)
@@ -114,8 +114,14 @@ def list_clusters(session: Session, *, engine=None, backend=None, phase=None, ve
         "machines": [Cluster.machines.desc(), Cluster.count.desc()],
         "trend": [Cluster.trend.desc(), Cluster.count.desc()],  # ix_clusters_trend
     }.get(sort, [Cluster.count.desc()])
-    rows = session.execute(select(Cluster).where(where).order_by(*order, Cluster.id)
-                           .offset((page - 1) * per_page).limit(per_page)).scalars().all()
+    page_of = select(Cluster).where(where).order_by(*order, Cluster.id).offset((page - 1) * per_page).limit(per_page)
+    if q:  # the search is matched once: the page's rows carry the number of matches (a window count)
+        got = session.execute(page_of.add_columns(func.count().over().label("total"))).all()
+        rows = [r[0] for r in got]
+        total = got[0].total if got else (session.execute(count_all).scalar_one() if page > 1 else 0)
+    else:
+        total = session.execute(count_all).scalar_one()
+        rows = session.execute(page_of).scalars().all()
     ids = [c.id for c in rows]
     sparks = sparklines(session, ids, today)
     tops = top_facets(session, ids, ("backend", "gpu"), per_kind=5)
@@ -136,13 +142,21 @@ def list_clusters(session: Session, *, engine=None, backend=None, phase=None, ve
     return items, total
 
 
+_CHOICES = ("engine", "backend", "phase", "verdict")
+
+
 def filter_choices(session: Session) -> dict[str, list[str]]:
-    """Distinct engines, backends, phases and verdicts of non-empty clusters (for the filter menus)."""
-    out = {}
-    for name, col in (("engine", Cluster.engine), ("backend", Cluster.backend), ("phase", Cluster.phase),
-                      ("verdict", Cluster.verdict)):
-        out[name] = [v for v in session.execute(select(col).where(Cluster.count > 0, col.is_not(None))
-                                                .distinct().order_by(col)).scalars()]
+    """Distinct engines, backends, phases and verdicts of non-empty clusters (for the filter menus), in
+    the database's order: one scan of ``clusters`` (their distinct combinations), then each column's
+    values of those few rows."""
+    combos = (select(*(getattr(Cluster, name) for name in _CHOICES)).where(Cluster.count > 0).distinct()
+              .cte("choice_combos"))
+    parts = [select(literal(name).label("name"), combos.c[name].label("value")).where(combos.c[name].is_not(None))
+             .distinct() for name in _CHOICES]
+    out: dict[str, list[str]] = {name: [] for name in _CHOICES}
+    query = union_all(*parts).subquery()
+    for name, value in session.execute(select(query.c.name, query.c.value).order_by(query.c.name, query.c.value)):
+        out[name].append(value)
     return out
 
 

@@ -179,24 +179,29 @@ def trend_of(days: Counter, as_of: dt.date) -> int:
 
 
 def trend_errors(db, days: dict[int, Counter]) -> dict:
-    """Clusters whose stored trend (migration 0007) is not their trend as of its ``trend_day`` computed
-    from ``days`` (their bundles per day), or whose ``trend_day`` is NULL while they have a bundle in the
-    14 days up to today (``counts.utc_today``) or a trend other than 0: ``{id: (stored, expected)}``."""
+    """Clusters whose stored trend (migration 0007) is not, on some day from its ``trend_day`` through its
+    ``trend_until`` (40 days on when that is NULL: for good), their trend on that day computed from
+    ``days`` (their bundles per day); or, with no ``trend_day`` (never counted), not 0 with no bundle:
+    ``{id: (stored trend, day, expected)}``."""
     from sqlalchemy import select
 
-    from kvreport_server import counts
     from kvreport_server.models import Cluster
 
-    today = counts.utc_today()
     bad = {}
     with db.Session() as s:
-        for cid, trend, as_of in s.execute(select(Cluster.id, Cluster.trend, Cluster.trend_day)):
+        for cid, trend, since, until in s.execute(select(Cluster.id, Cluster.trend, Cluster.trend_day,
+                                                         Cluster.trend_until)):
             mine = days.get(cid, Counter())
-            if as_of is None:
-                if trend != 0 or any(d > today - dt.timedelta(days=14) for d, n in mine.items() if n):
+            if since is None:
+                if trend != 0 or until is not None or +mine:
                     bad[cid] = (trend, None, sorted(mine.items()))
-            elif trend != trend_of(mine, as_of):
-                bad[cid] = (trend, as_of, trend_of(mine, as_of))
+                continue
+            last = until if until is not None else since + dt.timedelta(days=40)
+            for n in range((last - since).days + 1):
+                day = since + dt.timedelta(days=n)
+                if trend != trend_of(mine, day):
+                    bad[cid] = (trend, day, trend_of(mine, day))
+                    break
     return bad
 
 

@@ -154,24 +154,24 @@ def test_0007_fills_trends_from_the_stored_days_and_goes_back(empty_url):
                 store.ingest(db, bundle_from_case(case), received_at=now - dt.timedelta(days=k))
         db.dispose()
         migrate.downgrade(empty_url, "0006")
-        assert not {"trend", "trend_day"} & _columns(empty_url, "clusters")
-        assert not (TRGM_INDEXES | {"ix_clusters_trend", "ix_clusters_trend_day"}) & _indexes(empty_url)
+        assert not {"trend", "trend_day", "trend_until"} & _columns(empty_url, "clusters")
+        assert not (TRGM_INDEXES | {"ix_clusters_trend", "ix_clusters_trend_until"}) & _indexes(empty_url)
         migrate.upgrade(empty_url)
         assert_consistent(db)  # the stored trends too (server_helpers.trend_errors)
         with db.Session() as s:
-            rows = s.execute(select(Cluster.trend, Cluster.trend_day).order_by(Cluster.id)).all()
+            rows = s.execute(select(Cluster.trend, Cluster.trend_until).order_by(Cluster.id)).all()
             assert [t for t, _d in rows] == [3, -2, -2, 0]
-            assert rows[-1].trend_day is None and rows[0].trend_day is not None
+            assert rows[-1].trend_until is None and rows[0].trend_until is not None
             items, _ = list_clusters(s, sort="trend", db=db)
             assert [i["trend"] for i in items] == [3, 0, -2, -2] and items[2]["count"] == 4
             assert list_clusters(s, q="cuda")[1] == list_clusters(s, q="CUDA")[1]
-        assert {"ix_clusters_trend", "ix_clusters_trend_day"} <= _indexes(empty_url)
+        assert {"ix_clusters_trend", "ix_clusters_trend_until"} <= _indexes(empty_url)
         if pg:  # pg_trgm is installed here
             assert TRGM_INDEXES <= _indexes(empty_url)
         db.dispose()
         migrate.downgrade(empty_url, "0006")
-        assert not {"trend", "trend_day"} & _columns(empty_url, "clusters")
-        assert not (TRGM_INDEXES | {"ix_clusters_trend", "ix_clusters_trend_day"}) & _indexes(empty_url)
+        assert not {"trend", "trend_day", "trend_until"} & _columns(empty_url, "clusters")
+        assert not (TRGM_INDEXES | {"ix_clusters_trend", "ix_clusters_trend_until"}) & _indexes(empty_url)
     finally:
         db.dispose()
 
@@ -197,7 +197,7 @@ def test_0007_without_pg_trgm_leaves_the_trigram_indexes_out(pg_url):
         url = base.replace("postgres@", f"{role}@", 1) + "/" + name
         migrate.upgrade(url)
         assert migrate.current_heads(url) == {"0007"}
-        assert {"ix_clusters_trend", "ix_clusters_trend_day"} <= _indexes(url)
+        assert {"ix_clusters_trend", "ix_clusters_trend_until"} <= _indexes(url)
         assert not TRGM_INDEXES & _indexes(url)
         from server_helpers import bundle_from_case
 

@@ -1,7 +1,7 @@
 """The clusters list's trend order and search through indexes (issue 15 item 5, migration 0007).
 
-The stored trend (``clusters.trend`` as of ``trend_day``) equals the sum over the cluster's bundles
-per day after uploads, deletes, re-analysis moves, merges and new days (``server_helpers.scan`` checks
+The stored trend (``clusters.trend``, from ``trend_day`` through ``trend_until``) equals the sum over
+the cluster's bundles per day after uploads, deletes, re-analysis moves, merges and new days (``server_helpers.scan`` checks
 it for every test that calls ``assert_consistent``); ``sort=trend`` orders exactly as the sum over
 ``cluster_days`` did; ``q`` finds exactly the clusters the LIKE/EXISTS match found.
 """
@@ -76,8 +76,6 @@ def test_stored_trend_after_uploads_deletes_and_new_days(db, today):
     check_trend_order(db)
     for shift in (1, 2, 6, 7, 8, 13, 14, 15, 21, 40):  # the days move on: the first sort=trend refreshes
         today[0] = t0 + dt.timedelta(days=shift)
-        with db.Session() as s:
-            assert counts.stale_trends(s)
         check_trend_order(db)
         if shift == 8:  # uploads and a delete on rows as of an older day, and as of today
             store.ingest(db, bundle_from_case(DISTINCT[3]), received_at=at(today[0]))
@@ -87,8 +85,8 @@ def test_stored_trend_after_uploads_deletes_and_new_days(db, today):
             assert store.delete_bundle(db, ids[DISTINCT[1]][0])
             assert_consistent(db)
             check_trend_order(db)
-    with db.Session() as s:  # 40 days on: no bundle in the window, every trend 0 and settled (NULL)
-        assert set(s.execute(select(Cluster.trend_day)).scalars()) == {None}
+    with db.Session() as s:  # 40 days on: no bundle in the window, every trend 0 for good
+        assert set(s.execute(select(Cluster.trend, Cluster.trend_until)).all()) == {(0, None)}
 
 
 def test_stored_trend_after_reanalysis_moves_and_merges(db, today, monkeypatch):
@@ -135,7 +133,8 @@ def test_refresh_runs_once_a_day_and_in_its_own_transaction(db, today):
     with db.Session() as s:
         assert not counts.stale_trends(s)
         assert counts.refresh_trends(s) == 0  # nothing left for the day
-        assert s.execute(select(Cluster.trend, Cluster.trend_day)).one() == (-1, today[0])
+        assert s.execute(select(Cluster.trend, Cluster.trend_day, Cluster.trend_until)).one() == (
+            -1, today[0], today[0] + dt.timedelta(days=6))  # the bundle of 7 days ago leaves last week in 7 days
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
@@ -223,7 +222,23 @@ def test_search_finds_exactly_what_the_like_match_found(db):
                 assert [i["id"] for i in items] == want, (q, filters)
                 assert total == len(want), (q, filters)
                 found_any += bool(want)
+                for page in (2, 3):  # a later page, and one past the last: the same number of matches
+                    items, total = list_clusters(s, q=q, per_page=2, page=page, db=db, **filters)
+                    assert ([i["id"] for i in items], total) == (want[2 * page - 2:2 * page], len(want)), (q, page)
     assert found_any > len(QUERIES)  # the queries do find clusters
+
+
+def test_filter_choices_in_one_scan_equal_the_four_queries(db):
+    from kvreport_server.queries import filter_choices
+
+    _searchable(db)
+    with db.Session() as s:
+        old = {name: list(s.execute(select(col).where(Cluster.count > 0, col.is_not(None)).distinct().order_by(col))
+                          .scalars())
+               for name, col in (("engine", Cluster.engine), ("backend", Cluster.backend), ("phase", Cluster.phase),
+                                 ("verdict", Cluster.verdict))}
+        assert filter_choices(s) == old
+        assert sum(map(len, old.values())) > 5
 
 
 def _plan(s, stmt) -> str:
