@@ -9,8 +9,12 @@ engine build, n_ctx and received time, and a signature drawn Zipf-like from S ke
 of the cases, fanned out with a variant suffix to reach S). Rows, counters, facets and per-day
 counts are bulk-loaded with the same functions the upload path uses (analysis.bundle_facts /
 facets); tests/server/test_store.py checks that the upload path's counters equal a full scan.
-Pages are served by waitress in this process on 127.0.0.1 and fetched with requests, one at a
-time. Writes bench/out/server_load_<database>_<bundles>.json. Loopback only; the database is dropped at the end
+The stored trends (migration 0007) are then filled by the day's trend refresh with every cluster
+stale, its worst case (``trend_refresh_all_ms``; ``trend_refresh_next_day_ms``: the refresh of the next
+day, rolled back), and checked against a sum over ``cluster_days``
+(``trend_mismatches``); the bench's searches through ``list_clusters`` are checked against the
+LIKE/EXISTS match they replaced (``search_mismatches``). Pages are served by waitress in this process
+on 127.0.0.1 and fetched with requests, one at a time. Writes bench/out/server_load_<database>_<bundles>.json. Loopback only; the database is dropped at the end
 (--keep to keep it).
 """
 
@@ -178,6 +182,68 @@ def bulk_load(db: Database, tmpls, keys, n_bundles: int, seed: int = 7) -> dict:
             "day_rows": len(days)}
 
 
+def fill_trends(db: Database) -> dict:
+    """The stored trends (migration 0007) of the bulk-loaded clusters, filled by the refresh that the first
+    ``sort=trend`` request of a day runs, with every cluster stale (``trend_refresh_all_ms``: its worst
+    case), then the refresh a next day would run, timed and rolled back (``trend_refresh_next_day_ms``,
+    ``_rows``: only the clusters whose trend changes that day). Checks the stored trends against the sum
+    over ``cluster_days`` that ``/?sort=trend`` ordered by before (``trend_mismatches``: 0 expected), and
+    vacuums ``clusters`` on PostgreSQL as autovacuum would after those updates."""
+    from sqlalchemy import case, func, select
+
+    from kvreport_server import counts
+
+    with db.engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE clusters SET trend_until = '2000-01-01'")
+        conn.exec_driver_sql("ANALYZE clusters")
+    t0 = time.perf_counter()
+    with db.Session() as s, s.begin():
+        rows = counts.refresh_trends(s)
+    out = {"trend_refresh_all_ms": round((time.perf_counter() - t0) * 1000, 1), "trend_refresh_all_rows": rows}
+    today = counts.utc_today()
+    d = ClusterDay
+    summed = (select(d.cluster_id.label("cid"),
+                     func.sum(case((d.day > today - dt.timedelta(days=7), d.count), else_=-d.count)).label("trend"))
+              .where(d.day > today - dt.timedelta(days=14), d.day <= today).group_by(d.cluster_id).subquery())
+    with db.engine.connect() as conn:
+        out["trend_mismatches"] = conn.execute(
+            select(func.count()).select_from(Cluster).outerjoin(summed, summed.c.cid == Cluster.id)
+            .where(Cluster.trend != func.coalesce(summed.c.trend, 0))).scalar_one()
+    with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("VACUUM ANALYZE clusters" if db.engine.dialect.name == "postgresql" else "ANALYZE")
+    with db.Session() as s:
+        t0 = time.perf_counter()
+        out["trend_refresh_next_day_rows"] = counts.refresh_trends(s, today + dt.timedelta(days=1))
+        out["trend_refresh_next_day_ms"] = round((time.perf_counter() - t0) * 1000, 1)
+        s.rollback()
+    return out
+
+
+SEARCHES = ["cuda", "gemma", "insufficient", "rtx 3090"]
+
+
+def search_check(db: Database) -> int:
+    """The clusters each search of the bench finds through ``list_clusters`` (trigram indexes on
+    PostgreSQL) against the LIKE/EXISTS match it used before: the number of searches that differ (0 expected)."""
+    from sqlalchemy import exists, func, or_, select
+
+    from kvreport_server.queries import _like, list_clusters
+
+    bad = 0
+    with db.Session() as s:
+        for q in SEARCHES:
+            f = ClusterFacet
+            old = select(Cluster.id).where(Cluster.count > 0, or_(
+                func.lower(Cluster.title).like(_like(q), escape="\\"), func.lower(Cluster.key).like(_like(q), escape="\\"),
+                exists().where(f.cluster_id == Cluster.id, f.kind.in_(("model", "error", "gpu")),
+                               func.lower(f.value).like(_like(q), escape="\\")))).order_by(
+                Cluster.count.desc(), Cluster.last_seen.desc(), Cluster.id)
+            want = list(s.execute(old).scalars())
+            items, total = list_clusters(s, q=q, per_page=50)
+            bad += (total != len(want) or [i["id"] for i in items] != want[:50])
+    return bad
+
+
 def timed(session: requests.Session, url: str) -> float:
     t = time.perf_counter()
     r = session.get(url, timeout=60)
@@ -256,7 +322,11 @@ def main(argv=None) -> int:
             tmpls = templates()
             keys = make_keys(tmpls, args.signatures)
             result.update(bulk_load(db, tmpls, keys, args.bundles))
+            result.update(fill_trends(db))
             db.dispose()
+        db = Database(url)
+        result["search_mismatches"] = search_check(db)
+        db.dispose()
         result["db_size_mib"] = db_size_mib(url, sqlite_path)
         app = create_app({"DATABASE_URL": url, "LOG_REQUESTS": False, "SECRET_KEY": "bench"})
         from waitress import create_server
@@ -277,7 +347,7 @@ def main(argv=None) -> int:
         pages = {
             "clusters_page": lambda i: f"{base}/?page={1 + i % 5}",
             "clusters_page_trend": lambda i: f"{base}/?sort=trend",
-            "clusters_page_search": lambda i: f"{base}/?q={['cuda', 'gemma', 'insufficient', 'rtx 3090'][i % 4]}",
+            "clusters_page_search": lambda i: f"{base}/?q={SEARCHES[i % 4]}",
             "clusters_api": lambda i: f"{base}/api/v1/clusters?per_page=50&page={1 + i % 5}",
             "cluster_page": lambda i: f"{base}/clusters/{rng.randint(1, args.signatures)}",
             "cluster_page_biggest": lambda i: f"{base}/clusters/{1 + i % 10}",
