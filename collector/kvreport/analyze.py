@@ -1184,8 +1184,9 @@ class _Diagnosis:
             return kvcache, from_gguf
         return kvcache, (from_log if from_log is not None else from_gguf)
 
-    def printed_kv(self) -> tuple[float | None, bool]:
-        """The KV MiB the engine printed for its last real attempt (or for the fit dry run)."""
+    def printed_kv(self, failure: dict | None = None) -> tuple[float | None, bool]:
+        """The KV MiB the engine printed for its last real attempt (or for the fit dry run); from per-device buffer
+        lines, with the KV buffer that failed on another device added (the attempt's KV spans both)."""
         def last_set(items):
             sets: list[list[dict]] = []
             for k in items:
@@ -1209,7 +1210,13 @@ class _Diagnosis:
             if any(x["device"] == b["device"] and x.get("section") == b.get("section") for x in last):
                 last = []
             last.append(b)
-        return (sum(b["mib"] for b in last), False) if last else (None, False)
+        if not last:
+            return None, False
+        total = sum(b["mib"] for b in last)
+        if failure and failure.get("phase") == "kv_cache" and failure.get("requested_mib") \
+                and failure.get("failing_device") and failure["failing_device"] not in {b["device"] for b in last}:
+            total += failure["requested_mib"]  # ("CUDA0 KV buffer size = 5248 MiB", then CUDA1's 4992 MiB failed)
+        return total, False
 
     def memory(self, failure: dict) -> tuple[dict, dict]:
         """The memory section: KV inputs, the KV size (printed, else computed, else the failed buffer), recurrent
@@ -1222,7 +1229,7 @@ class _Diagnosis:
         inputs.update({"n_ctx": cfg_d["n_ctx"], "n_seq": cfg_d["n_seq"], "cache_type_k": cfg_d["cache_type_k"],
                        "cache_type_v": cfg_d["cache_type_v"]})
         size, cfg = self._size_from_shape(kvcache, shape, cfg_d, failure, inputs) if shape is not None else (None, None)
-        printed, printed_dry = self.printed_kv()
+        printed, printed_dry = self.printed_kv(failure)
         kv = self._pick_kv(failure, size, printed, printed_dry)
         mem["kv_required_mib"] = _r2(kv)
         if failure["phase"] == "kv_cache" and failure.get("requested_mib") and (size is not None or printed):

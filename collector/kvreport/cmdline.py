@@ -1523,7 +1523,9 @@ def _quoted_words(command: dict, tokens: list[str]) -> list[str]:
     """``tokens`` quoted for the shell the user typed in: POSIX (:func:`_quote`), or cmd.exe / PowerShell
     (:func:`_quote_windows`, PowerShell's ``&`` call operator kept when the user's line began with it)."""
     if not _is_windows_command(command, tokens):
-        return [_quote(t) for t in tokens]
+        line = str(command.get("line") or "")
+        # a word the user single-quoted keeps its $ and ~ literal ('sk-abc$x', '~/x'): quoted the same way again
+        return [shlex.quote(t) if ("$" in t or t.startswith("~")) and f"'{t}'" in line else _quote(t) for t in tokens]
     words = [_quote_windows(t) for t in tokens]
     if words and words[0].startswith('"') and str(command.get("line") or "").lstrip().startswith("&"):
         words.insert(0, "&")

@@ -314,8 +314,11 @@ def _llama_cpp_python(change: dict) -> dict:
 
 def _command(s: Situation, change: dict) -> str | None:
     env = {k: v for k, v in change.items() if k.startswith("OLLAMA_")}
-    if _is_ollama(s) and s.ollama_service and env and len(env) == len(change):
-        return _ollama_unit_command(env)  # (the server is the unit: a second "ollama serve" would not bind its port)
+    serve = bool(s.command) and s.command.get("engine") == "ollama" and "serve" in (s.command.get("argv") or [])
+    if _is_ollama(s) and s.ollama_service and env and len(env) == len(change) and not serve:
+        # (the server is the unit: a second "ollama serve" would not bind its port; but a user who gave the "ollama
+        # serve" line they run in a shell gets that line back with the new settings)
+        return _ollama_unit_command(env)
     if not s.command or not (s.command.get("argv") or s.command.get("line")):
         return None
     if s.command.get("engine") != s.engine or str(s.command.get("program") or "").startswith(_NO_REWRITE_PROGRAMS):
@@ -385,6 +388,17 @@ def _ollama_slots(s: Situation) -> int:
     """Ollama's parallel slots (OLLAMA_NUM_PARALLEL) when the log or command gave them: its runner's context is
     num_ctx x slots (Ollama 0.2+), so a per-request context is the runner's divided by them."""
     return int(s.n_seq) if _is_ollama(s) and s.n_seq and s.n_seq > 1 and s.n_seq_known else 1
+
+
+def _train_total(s: Situation) -> int | None:
+    """The model's training context as a total n_ctx: n_ctx_train per sequence (llama.cpp's n_ctx_per_seq = n_ctx /
+    n_seq without a unified KV cache; Ollama's runner is num_ctx x its slots), so 4 slots of 32768 are not above a
+    32768 training context."""
+    train = s.n_ctx_train if s.n_ctx_train and s.n_ctx_train > 0 else None
+    if train is None:
+        return None
+    seqs = _ollama_slots(s) if _is_ollama(s) else (int(s.n_seq) if s.n_seq and s.n_seq > 1 and not s.kv_unified else 1)
+    return train * seqs
 
 
 def _ctx_change(s: Situation, n: int) -> dict:
@@ -470,7 +484,7 @@ def _reduce_ctx(b: _Builder, rank: float) -> None:
         return
     basis = " (per-token cost derived from the failed KV buffer)" if s.kv_basis == "failed_buffer" else ""
     fit = _fit_now(s)
-    train = s.n_ctx_train if s.n_ctx_train and s.n_ctx_train > 0 else None
+    train = _train_total(s)
     budget = s.kv_budget_mib if s.kv_budget_mib is not None else s.free_at_failure_mib
     dev = s.failing_device or "the failing device"
     room = _ctx_room(s, budget, dev)
@@ -610,7 +624,7 @@ def _q8_ctx(s: Situation) -> int | None:
         if kv_fit is None or kv_fit * (s.kv_share or 1.0) > budget:
             return 0
     target = min(cur, fit)
-    train = s.n_ctx_train if s.n_ctx_train and s.n_ctx_train > 0 else None
+    train = _train_total(s)
     if train and cur > train and target > train:
         target = train
     return target
@@ -671,7 +685,7 @@ def _headroom(b: _Builder, rank: float) -> None:
     s = b.s
     if s.backend in ("cpu", "unknown") or _is_ollama(s) or (s.flags or {}).get("no_kv_offload") is True:
         return  # nothing to move, or the command already keeps the KV on the host (no no-op)
-    kv = s.kv_mib
+    kv = s.kv_mib * (s.kv_share or 1.0) if s.kv_mib else None  # (the failing device's share of a KV over several)
     b.add(rank, "kv-cache-on-host", "Keep the KV cache in host memory", {"--no-kv-offload": True},
           f"frees the KV ({_mib(kv)} MiB) from {s.failing_device or 'the GPU'}; decoding gets slower" if kv
           else "the KV cache moves to host RAM; decoding gets slower",
@@ -1287,8 +1301,18 @@ def _py_more_devices(b: _Builder, rank: float) -> None:
     flag, name = _TP_FLAG.get(s.engine, _TP_FLAG["vllm"])  # (each engine's own knob: SGLang --tp-size, TGI --num-shard)
     tp = to_int(str(s.flags.get(name) or 1)) or 1
     what = "the weights" if s.phase == "model_weights" else "weights and KV heads"
-    b.add(rank, "more-devices", "Spread the model over more GPUs", {flag: tp * 2},
-          "weights per GPU halve", f"Tensor parallelism splits {what} across GPUs.")
+    change, why = {flag: tp * 2}, f"Tensor parallelism splits {what} across GPUs."
+    env = (s.command or {}).get("env") or {}
+    key = next((k for k in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES") if env.get(k)), None)
+    ids = [x.strip() for x in str(env.get(key) or "").split(",") if x.strip()]
+    if key and len(ids) < tp * 2:
+        # the command hides the other GPUs: a larger tensor-parallel size needs as many visible, or the engine refuses
+        if not all(x.isdigit() for x in ids):
+            return  # (UUIDs or MIG names: which other devices to add is not ours to guess)
+        more = [str(i) for i in range(64) if str(i) not in ids][:tp * 2 - len(ids)]
+        change[key] = ",".join(ids + more)
+        why += f" {key} must list as many GPUs as {flag}: {', '.join(more)} added (check they exist: nvidia-smi -L)."
+    b.add(rank, "more-devices", "Spread the model over more GPUs", change, "weights per GPU halve", why)
 
 
 _TP_FLAG = {"vllm": ("--tensor-parallel-size", "tensor_parallel_size"), "sglang": ("--tp-size", "tp_size"),
@@ -1588,17 +1612,33 @@ def _py_act_lower_util(b: _Builder, rank: float) -> None:
                     "plus 1 % headroom")
     if new < 0.3 or new >= cur:
         return
+    change, shrunk = {util_flag: new}, ""
+    v = s.vllm or {}
+    pool, avail, max_len = v.get("pool_tokens"), v.get("available_kv_mib"), to_int(str(k["max_len"] or ""))
+    if not k["lmd"] and pool and avail and avail > 0 and total and max_len:
+        # vLLM refuses to start when its pool holds less than one request of max_model_len ("To serve at least one
+        # request with the models's max seq len ..."): the smaller pool must still hold it, or the length comes down too
+        left = avail - (cur - new) * total
+        new_pool = int(float(pool) * left / avail) if left > 0 else 0
+        if new_pool < max_len:
+            fit_len = new_pool // 256 * 256
+            if fit_len < 1024:
+                return  # the pool would hold almost nothing: a smaller fraction is no fix here
+            change[k["len_flag"]] = fit_len
+            shrunk = (f"; the pool shrinks from {pool:,} to about {new_pool:,} tokens, below {k['len_flag']} {max_len:,}, "
+                      f"so the maximum length comes down to {fit_len:,} with it (vLLM refuses a pool shorter than one "
+                      "request)")
+    title = f"Lower {util_flag} to {new}" + (f" and {k['len_flag']} to {change[k['len_flag']]}" if shrunk else "")
     if kv_alloc_oom(s):
-        b.add(rank, "lower-gpu-memory-utilization", f"Lower {util_flag} to {new}", {util_flag: new},
-              f"a KV pool {round((cur - new) * 100)} % of the GPU smaller{computed}",
+        b.add(rank, "lower-gpu-memory-utilization", title, change,
+              f"a KV pool {round((cur - new) * 100)} % of the GPU smaller{computed}{shrunk}",
               "The KV pool is utilization x total, sized before it was allocated; its allocation failed because less "
               "was free by then (another process, or the fraction above what this device can give): a smaller "
               "fraction makes a pool that fits.")
         return
     share = ("of the memory left after the weights" if k["lmd"] else "of the GPU")  # TurboMind: x free after weights
-    b.add(rank if not k["lmd"] else min(rank, -0.5), "lower-gpu-memory-utilization", f"Lower {util_flag} to {new}",
-          {util_flag: new},
-          f"{round((cur - new) * 100)} % {share} more outside the KV pool for activations and graphs{computed}",
+    b.add(rank if not k["lmd"] else min(rank, -0.5), "lower-gpu-memory-utilization", title, change,
+          f"{round((cur - new) * 100)} % {share} more outside the KV pool for activations and graphs{computed}{shrunk}",
           "The KV pool takes utilization x total; what torch needs beyond it must fit in the rest.")
 
 

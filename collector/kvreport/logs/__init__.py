@@ -128,12 +128,16 @@ WRAP_PHRASES = ("out of memory. Tried to allocate", "KV cache is needed", "large
                 "less than desired GPU memory utilization", "more system memory", "Tried to allocate",
                 "increase --mem-fraction-static", "No available memory for the cache blocks",
                 "failed to allocate buffer for kv cache", "failed to allocate buffer for the kv cache",
-                "is longer than the model's context length", "your prompt contains at least")
+                "is longer than the model's context length", "your prompt contains at least",
+                # ggml-cuda's allocation line cut before its reason ("... on device 1: cudaMalloc" / "failed: out of
+                # memory"), as an issue's quote wraps it
+                "cudaMalloc failed", "hipMalloc failed")
 
 
 WRAP_PAIRS = (("max seq len", "KV cache is needed"), ("max seq len", "maximum number of tokens that can be stored"),
               ("Free memory on device", "desired GPU memory utilization"), ("out of memory.", "Tried to allocate"),
               ("Tried to allocate", "has a total capacity of"), ("Tried to allocate", "total capacity;"),
+              ("has a total capacity of", "is free."),
               ("model requires more", "than is available"), ("failed to allocate", "buffer of size"),
               ("Buffer overflow when allocating", "bytes available in AlignedAllocator"),
               ("using device", "MiB free"), ("maximum context length is", "However, you requested"),
