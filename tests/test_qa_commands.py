@@ -65,3 +65,18 @@ def test_a_quoted_wrapped_multi_gpu_kv_failure_keeps_device_size_and_the_whole_k
     assert d["memory"]["kv_required_mib"] == 5248.0 + 4992.0
     host = [s for s in d["suggestions"] if s["id"] == "kv-cache-on-host"]
     assert all("4,992 MiB" in s["expected"] for s in host), host
+
+
+def test_over_an_allocation_limit_neither_fewer_layers_nor_freeing_memory_is_offered():
+    """A 4,160 MiB compute buffer over Vulkan's 4 GiB per-allocation limit, with 5,828 MiB free: fewer layers leave
+    the compute buffer as large, and more free memory leaves it over the limit."""
+    log = ("ggml_vulkan: 0 = AMD Radeon RX 7800 XT (AMD proprietary driver) | uma: 0 | fp16: 1 | warp size: 64\n"
+           "llama_context: n_ctx = 32768\nllama_context: n_ubatch = 4096\n"
+           "ggml_vulkan: Device memory allocation of size 4362076160 failed.\n"
+           "ggml_vulkan: Requested buffer size exceeds device memory allocation limit: ErrorOutOfDeviceMemory\n"
+           "ggml_gallocr_reserve_n: failed to allocate Vulkan0 buffer of size 4362076160\n"
+           "graph_reserve: failed to allocate compute buffers\n")
+    d = analyze_text(log)
+    assert d["failure"]["verdict"] == "exceeds_alloc_limit", d["failure"]
+    ids = [s["id"] for s in d["suggestions"]]
+    assert "reduce-gpu-layers" not in ids and "free-device-memory" not in ids, ids

@@ -695,6 +695,8 @@ def _headroom(b: _Builder, rank: float) -> None:
 
 def _reduce_layers(b: _Builder, rank: float, requested: float | None = None) -> None:
     s = b.s
+    if s.verdict == "exceeds_alloc_limit" and s.phase == "compute_buffer":
+        return  # the compute buffer's size follows the batch and the context, not the layers: still over the limit
     cur = s.flags.get("n_gpu_layers")
     if not isinstance(cur, int) and s.n_gpu_layers_log:
         cur = s.n_gpu_layers_log
@@ -891,6 +893,8 @@ def _alloc_limit(b: _Builder, rank: float) -> None:
 
 def _free_memory(b: _Builder, rank: float) -> None:
     s = b.s
+    if s.verdict == "exceeds_alloc_limit":
+        return  # a limit on one allocation: more free memory leaves the same request over it
     free = s.free_at_failure_mib if s.free_at_failure_mib is not None else s.free_mib
     if s.verdict == "fits_but_failed" and s.requested_mib is not None and free is not None:
         b.add(rank, "free-device-memory", f"Free memory on {s.failing_device or 'the device'}", {},
