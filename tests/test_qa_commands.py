@@ -80,3 +80,15 @@ def test_over_an_allocation_limit_neither_fewer_layers_nor_freeing_memory_is_off
     assert d["failure"]["verdict"] == "exceeds_alloc_limit", d["failure"]
     ids = [s["id"] for s in d["suggestions"]]
     assert "reduce-gpu-layers" not in ids and "free-device-memory" not in ids, ids
+
+
+def test_fit_on_a_log_keeps_the_budget_analyze_keeps():
+    """Flash attention off: analyze keeps the compute buffer at the context that fits out of the KV budget; fit --log
+    on the same log gives the same budget and the same largest contexts (one copy of the arithmetic)."""
+    from kvreport.fit import fit_from_options
+
+    log = QA / "ollama-4-slots-kv-oom.log"
+    d = analyze_text(log.read_text())
+    rep, _shape = fit_from_options(log_path=str(log))
+    assert rep["max_ctx_fit"]["f16"] == d["memory"]["max_ctx_fit"]["f16"] == 34816
+    assert rep["max_ctx_fit"]["q8_0"] == d["memory"]["max_ctx_fit"]["q8_0"]

@@ -1409,14 +1409,7 @@ class _Diagnosis:
                 or getattr(self, "headroom_printed", False):
             return budget_mib
         ub = cfg_d.get("n_ubatch") or 512
-        c16 = cfg.with_(cache_type_k="f16", cache_type_v="f16")
-        for _ in range(4):
-            n = int(kvcache.max_ctx_fit(shape, budget_mib * MIB / share, c16))
-            need = (n * ub * n_head + ub * n_vocab) * 4 / MIB
-            if need <= head or n == 0:
-                break
-            budget_mib = max(0.0, budget_mib - (need - head))
-            head = need
+        budget_mib, head = kvcache.no_fa_budget(shape, cfg, budget_mib, head, ub, n_head, n_vocab, share)
         if head != self.headroom_mib:
             self.headroom_mib = head
             self.headroom_why = (f"{_fmt(head)} MiB for the compute buffer: without flash attention it holds the "

@@ -24,9 +24,14 @@ from kvreport.kvcache import (
     is_known_type,
     kv_size,
     max_ctx_fit,
+    no_fa_budget,
     normalize_type,
 )
+from kvreport.logs.common import to_int
 from kvreport.units import GIB, MIB
+
+_PLACED = "buffers it placed there"
+"""The end of :func:`log_free_mib`'s source: a budget that already counts the weights and buffers the log placed."""
 
 #: Cache types always shown (the ones llama.cpp users switch between).
 SHOWN_TYPES = ("f16", "q8_0", "q4_0")
@@ -220,8 +225,12 @@ def render_fit(rep: dict[str, Any], shape: ModelShape) -> str:
         parts.insert(0, f"{asked_fit:,} tokens at {types_label} (the types asked for)")
         parts[1] = parts[1].replace(" tokens at f16", " at f16")
     lines.append("The KV cache alone caps the context at " + " and ".join(parts) + ".")
-    lines.append("Model weights and compute buffers are not counted: the real limit is lower unless "
-                 "--headroom-mib covers them.")
+    if _PLACED in str(rep.get("free_source") or ""):
+        # (a log's free memory less the buffers it placed, and a compute headroom: both are counted above)
+        lines.append("Model weights and output buffers the log placed, and the compute buffer's headroom, are counted.")
+    else:
+        lines.append("Model weights and compute buffers are not counted: the real limit is lower unless "
+                     "--headroom-mib covers them.")
     for n in rep["notes"]:
         lines.append(f"note: {n}")
     return "\n".join(lines)
@@ -298,6 +307,12 @@ def _log_context(facts) -> dict:
     room = log_free_mib(facts)
     if room:
         ctx["_free"] = room
+        hp = facts.hparams or {}
+        fa = str((facts.ctx or {}).get("flash_attn") or "").lower()
+        if fa in ("0", "disabled", "off", "false") and "printed" not in room[3] and to_int(hp.get("n_head")):
+            # flash attention off: the compute buffer grows with the context, as analyze keeps it (kvcache.no_fa_budget)
+            ctx["_no_fa"] = {"n_head": to_int(hp.get("n_head")), "n_vocab": to_int(hp.get("n_vocab")) or 0,
+                             "n_ubatch": to_int((facts.ctx or {}).get("n_ubatch")) or 512}
     v = {k: facts.vllm[k] for k in ("max_model_len", "pool_tokens", "available_kv_mib") if (facts.vllm or {}).get(k)}
     if v:
         ctx["_vllm"] = v  # (a vLLM log: its max_model_len and its KV pool, in tokens or MiB)
@@ -358,7 +373,7 @@ def log_free_mib(facts) -> tuple[float, str, float, str] | None:
     else:
         head, why = DEFAULT_HEADROOM_MIB, "the compute buffer (llama.cpp's --fit target margin, -fitt)"
     return free, (f"the log's free memory on {', '.join(gpus)} at load, less {used:.0f} MiB of model and output "
-                  "buffers it placed there"), head, why
+                  + _PLACED), head, why
 
 
 def _apply_log_context(log_ctx: dict, ctx_size, parallel, kv_unified, cache_type_k, cache_type_v) -> tuple:
@@ -402,6 +417,17 @@ def fit_from_options(model_path=None, log_path=None, hf_config=None, ctx_size=No
                   else "--headroom-mib")
     elif free_mib is None and log_room:
         free, source, head, why = log_room
+        no_fa = (log_ctx or {}).pop("_no_fa", None)
+        if no_fa and headroom_mib is None:
+            n_seq = parallel or 1
+            unified = (n_seq == 1) if kv_unified is None else bool(kv_unified)
+            cfg = KVConfig(n_ctx=int(ctx_size or 0), n_seq=n_seq, kv_unified=unified)
+            budget, comp = no_fa_budget(shape, cfg, max(0.0, free - head), head, no_fa["n_ubatch"], no_fa["n_head"],
+                                        no_fa["n_vocab"])
+            if comp > head:
+                head, why = comp, (f"the compute buffer without flash attention at the context that fits (about "
+                                   f"{comp:,.0f} MiB: attention scores n_kv x {no_fa['n_ubatch']} x {no_fa['n_head']} heads "
+                                   "x 4 B and the logits), as kvreport analyze keeps it")
         headroom = head if headroom_mib is None else headroom_mib
         reason = why if headroom_mib is None else "--headroom-mib"
     elif free_mib is None:

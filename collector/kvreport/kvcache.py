@@ -540,6 +540,25 @@ MAX_LAYERS = 4096
 MAX_CTX = floor_to((1 << 32) - 1, CTX_PAD)
 
 
+def no_fa_budget(shape: ModelShape, cfg: KVConfig, budget_mib: float, headroom_mib: float, n_ubatch: int,
+                 n_head: int, n_vocab: int, share: float = 1.0, steps: int = 4) -> tuple[float, float]:
+    """Without flash attention llama.cpp's compute buffer holds the attention scores of a micro-batch against the whole
+    cache (n_kv x n_ubatch x n_head x 4 B) and the logits (n_ubatch x n_vocab x 4 B): at the context that fits the KV
+    budget it can exceed the headroom kept for it. Lowers the budget until the headroom covers that buffer at the
+    context the budget gives (a few steps; each only shrinks the context). ``share``: the failing device's share of
+    the KV. Returns (KV budget MiB, compute headroom MiB); ``kvreport analyze`` and ``kvreport fit --log`` both use it."""
+    c16 = cfg.with_(cache_type_k="f16", cache_type_v="f16")
+    head = headroom_mib
+    for _ in range(steps):
+        n = int(max_ctx_fit(shape, budget_mib * MIB / share, c16))
+        need = (n * n_ubatch * n_head + n_ubatch * n_vocab) * 4 / MIB
+        if need <= head or n == 0:
+            break
+        budget_mib = max(0.0, budget_mib - (need - head))
+        head = need
+    return budget_mib, head
+
+
 def max_ctx_fit(shape: ModelShape, budget_bytes: float, cfg: KVConfig | None = None,
                 include_rs: bool = True) -> int:
     """The largest requested n_ctx (tokens, a multiple of 256) whose context memory fits ``budget_bytes``.

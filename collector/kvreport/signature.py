@@ -59,7 +59,10 @@ def signature(facts: dict) -> dict:
         backend, verdict = "unknown", "unknown"
     key = f"{engine}/{phase}/{backend}"
     sid = hashlib.sha256(f"kvreport-sig/{SCHEME}:{key}".encode()).hexdigest()[:12]
-    title = " · ".join((_ENGINE_TITLE[engine], _PHASE_TITLE[phase], _BACKEND_TITLE[backend]))
+    # (nothing failed: the key leaves the backend out, and so does the title -- "unknown backend" would contradict the
+    # backend the diagnosis names)
+    title = " · ".join((_ENGINE_TITLE[engine], _PHASE_TITLE[phase])
+                       + (() if phase == "none" else (_BACKEND_TITLE[backend],)))
     notes = [
         f"engine '{engine}': the program family whose log this is (Ollama keeps its own part: its knobs differ)",
         f"phase '{phase}': the buffer the engine says failed, independent of how a given build words it",
