@@ -92,3 +92,38 @@ def test_fit_on_a_log_keeps_the_budget_analyze_keeps():
     rep, _shape = fit_from_options(log_path=str(log))
     assert rep["max_ctx_fit"]["f16"] == d["memory"]["max_ctx_fit"]["f16"] == 34816
     assert rep["max_ctx_fit"]["q8_0"] == d["memory"]["max_ctx_fit"]["q8_0"]
+
+
+def test_the_settings_a_python_engine_printed_are_the_current_values():
+    """Without a command line, vLLM's own args / engine config lines give the values in effect: no fix 'raises' the
+    fraction to the 0.95 it already runs with, more tensor parallelism doubles the logged 2, a batched-token limit
+    below max_model_len with chunked prefill off turns it on, and V0's device_config names the backend."""
+    v6 = analyze_text((QA / "v6-vllm-v0-ray-tp2-noblocks.log").read_text())
+    assert next(s for s in v6["suggestions"] if s["id"] == "more-devices")["change"] == {"--tensor-parallel-size": 4}
+    v6b = analyze_text((QA / "v6b-vllm-v0-util095.log").read_text())
+    assert not any(s["id"] == "raise-gpu-memory-utilization" and s["change"].get("--gpu-memory-utilization") == 0.95
+                   for s in v6b["suggestions"]), v6b["suggestions"]
+    v11 = analyze_text((QA / "v11-vllm-rocm-hip-profile.log").read_text())
+    batch = [s for s in v11["suggestions"] if "--max-num-batched-tokens" in s["change"]]
+    assert batch and all(s["change"].get("--enable-chunked-prefill") is True for s in batch), batch
+    assert analyze_text((QA / "v1-vllm05-v0-maxlen.log").read_text())["failure"]["backend"] == "cuda"
+
+
+def test_py_args_reads_the_three_argument_lines_typed():
+    from kvreport.logs.common import py_args
+
+    assert py_args("non-default args: {'model_tag': 'm', 'max_model_len': 32768, 'gpu_memory_utilization': 0.95}") \
+        == {"max_model_len": 32768, "gpu_memory_utilization": 0.95}
+    assert py_args("args: Namespace(host=None, tensor_parallel_size=2, max_model_len=None, enable_chunked_prefill="
+                   "False)") == {"tensor_parallel_size": 2, "enable_chunked_prefill": False}
+    assert py_args('server_args=ServerArgs(model_path="x", mem_fraction_static=0.88, tp_size=1, context_length=None)') \
+        == {"mem_fraction_static": 0.88, "tp_size": 1}
+
+
+def test_ollamas_layout_gives_the_kv_cost_and_the_graph_it_must_leave_room_for():
+    """No model parameters in the log, but Ollama's layout gives the KV of 131,072 tokens (24,576 MiB) and a 2,150 MiB
+    compute graph on CUDA0 with 5,734 MiB left: the context that fits is computed from those, not halved."""
+    d = analyze_text((QA / "o4-ollama012-layout-journal.log").read_text())
+    assert d["memory"]["max_ctx_fit"]["f16"] == 18944
+    ctx = next(s for s in d["suggestions"] if s["id"] == "reduce-ctx")
+    assert ctx["change"] == {"OLLAMA_CONTEXT_LENGTH": 18944}, ctx

@@ -47,7 +47,7 @@ import re
 
 from kvreport import fixes, strict
 from kvreport.logs import LogFacts, parse_log
-from kvreport.logs.common import MIB, to_float, to_int
+from kvreport.logs.common import MIB, py_args, to_float, to_int
 from kvreport.logs.oom import FATAL, HOST_RULES, REQUEST_RULES, backend_of_words
 from kvreport.signature import signature
 from kvreport.units import BYTES_PER_VALUE, fmt_mib
@@ -302,6 +302,21 @@ class _Diagnosis:
         self.flags = dict(cmd.get("flags") or {}) if cmd else {}
 
     # -- helpers
+    def _log_flags(self) -> dict:
+        """The settings a Python engine printed for itself (vLLM's engine config and its args line, SGLang's
+        ServerArgs), typed and named as the command's flags: the current values the fixes start from when the command
+        line does not give them (a fix that "raises" a value to the one in effect would be a no-op)."""
+        f = self.f
+        cfg = (f.vllm or {}).get("config") or {}
+        out = py_args(", ".join(f"{k}={v}" for k, v in cfg.items()))
+        if cfg.get("max_seq_len") and "max_model_len" not in out:
+            out["max_model_len"] = to_int(cfg["max_seq_len"])
+        if cfg.get("chunked_prefill_enabled") in ("True", "False"):
+            out["enable_chunked_prefill"] = cfg["chunked_prefill_enabled"] == "True"
+        out.update((f.vllm or {}).get("args") or {})
+        out.update((f.sglang or {}).get("args") or {})
+        return {k: v for k, v in out.items() if v is not None}
+
     def finding(self, kind: str, text: str, line: str | None = None) -> None:
         if len(self.findings) < 30:
             self.findings.append({"kind": kind, "text": text, "line": line})
@@ -780,7 +795,10 @@ class _Diagnosis:
         lib = str(f.ollama.get("gpu_library") or "").lower()
         if lib in ("cuda", "rocm", "vulkan", "metal"):
             return lib
-        platform = str(f.vllm.get("platform") or ("cuda" if f.vllm.get("gpu_worker") else ""))
+        # (vLLM's "Automatically detected platform cuda.", its engine config's "device_config=cuda" (V0), a V1 GPU
+        # worker's records)
+        platform = str(f.vllm.get("platform") or ((f.vllm.get("config") or {}).get("device_config"))
+                       or ("cuda" if f.vllm.get("gpu_worker") else ""))
         if platform in ("cuda", "rocm", "cpu", "tpu", "xpu"):  # vLLM's "Automatically detected platform cuda."
             return {"xpu": "sycl", "tpu": "unknown"}.get(platform, platform)
         if (names and all(backend_of_device(n) == "cpu" for n in names)) or (not names and f.ctx.get("system_blas") == "0"):
@@ -1255,9 +1273,11 @@ class _Diagnosis:
             if cfg.cache_type_k != cfg.cache_type_v:  # (-ctk q8_0 alone: the pair in use, not a same-type row)
                 self.fit_now = int(kvcache.max_ctx_fit(shape, budget_mib * MIB / share, cfg))
         self.derived_bpt = None
-        if shape is None and failure["phase"] == "kv_cache" and kv is not None and cfg_d["n_ctx"] \
+        layout = getattr(self, "kv_from_layout", False)
+        if shape is None and (failure["phase"] == "kv_cache" or layout) and kv is not None and cfg_d["n_ctx"] \
                 and not printed and self._single_kv_device(failure.get("failing_device")):
-            self._per_token_from_buffer(mem, kv, cfg_d, budget_mib)
+            self._per_token_from_buffer(mem, kv, cfg_d, budget_mib,
+                                        "Ollama's memory layout" if layout else "the failed KV buffer")
         self.size, self.cfg, self.shape_obj, self.kvcache = size, cfg, shape, kvcache
         self.budget_mib = budget_mib
         return mem, cfg_d
@@ -1331,6 +1351,7 @@ class _Diagnosis:
             kvs = [x["mib"] for x in f.ollama["layout"] if x.get("what") == "kv cache" and x.get("mib")]
             if kvs:
                 kv = sum(kvs)
+                self.kv_from_layout = True
                 self.finding("kv_from_ollama_layout", f"the KV size is Ollama's own memory layout ({_fmt(kv)} MiB)")
         return kv
 
@@ -1348,13 +1369,15 @@ class _Diagnosis:
             self.finding("fit_failed", "the engine's auto-fit could not make the model fit and left the "
                          "parameters as they were (the load that follows uses them unchanged)", None)
 
-    def _per_token_from_buffer(self, mem: dict, kv: float, cfg_d: dict, budget_mib: float | None) -> None:
-        """No model parameters, but the failed KV buffer holds the whole KV of n_ctx cells: its cost per token."""
+    def _per_token_from_buffer(self, mem: dict, kv: float, cfg_d: dict, budget_mib: float | None,
+                               source: str = "the failed KV buffer") -> None:
+        """No model parameters, but a KV size for all n_ctx cells (the failed KV buffer, Ollama's layout of the KV it
+        planned): its cost per token, and the contexts that fit the budget at it."""
         self.derived_bpt = kv * MIB / float(cfg_d["n_ctx"])
         mem["kv_mib_per_1k_tokens"] = _r2(self.derived_bpt * 1024 / MIB)
         self.finding("kv_per_token_from_buffer",
-                     f"{_fmt(mem['kv_mib_per_1k_tokens'])} MiB of KV per 1k tokens, derived from the failed KV "
-                     f"buffer ({_fmt(kv)} MiB) for n_ctx {cfg_d['n_ctx']}")
+                     f"{_fmt(mem['kv_mib_per_1k_tokens'])} MiB of KV per 1k tokens, derived from {source} "
+                     f"({_fmt(kv)} MiB) for n_ctx {cfg_d['n_ctx']}")
         if budget_mib is not None and budget_mib > 0:
             cur = _BYTES_PER_VALUE.get(str(cfg_d["cache_type_k"]), 2.0)
             mem["max_ctx_fit"] = {t: int(budget_mib * MIB / (self.derived_bpt * _BYTES_PER_VALUE[t] / cur)) // 256 * 256
@@ -1452,6 +1475,17 @@ class _Diagnosis:
             budget = max(0.0, free - head)
             self.finding("kv_headroom", f"the largest context that fits counts the KV alone within the {_fmt(free)} MiB left on "
                          f"{dev or 'the failing device'} minus {why}: {_fmt(budget)} MiB")
+            return budget
+        if failure["phase"] == "context" and getattr(self, "kv_from_layout", False):
+            # Ollama planned KV and compute graph on that device and the context could not be created: the KV must
+            # leave room for the graph its own layout gives there
+            dev = failure.get("failing_device")
+            graph = sum(x["mib"] for x in self.f.ollama.get("layout") or []
+                        if x.get("what") == "compute graph" and x.get("mib") and (not dev or x.get("device") == dev))
+            budget = max(0.0, free - graph)
+            self.headroom_mib, self.headroom_why = graph, f"the {_fmt(graph)} MiB compute graph of Ollama's layout"
+            self.finding("kv_headroom", f"the largest context that fits counts the KV alone within the {_fmt(free)} MiB "
+                         f"left on {dev or 'the failing device'} minus {self.headroom_why}: {_fmt(budget)} MiB")
             return budget
         if failure["phase"] == "compute_buffer" and failure["requested_mib"] is not None:
             # the KV was already allocated there; it must leave room for the compute buffer
@@ -1595,7 +1629,8 @@ class _Diagnosis:
             engine=engine, phase=failure["phase"], backend=failure["backend"], verdict=failure["verdict"],
             failing_device=failure["failing_device"], requested_mib=failure["requested_mib"],
             free_mib=failure["free_mib"], free_at_failure_mib=getattr(self, "free_at_failure", None),
-            command=self.command or None, flags=self.flags, n_ctx=mem["inputs"].get("n_ctx") or cfg_d["n_ctx"],
+            command=self.command or None, flags={**self._log_flags(), **self.flags},
+            n_ctx=mem["inputs"].get("n_ctx") or cfg_d["n_ctx"],
             n_ctx_requested=n_req, n_ctx_train=to_int(f.hparams.get("n_ctx_train")) or (shape.n_ctx_train if shape else None),
             n_seq=cfg_d["n_seq"], kv_unified=cfg_d["kv_unified"], cache_type_k=cfg_d["cache_type_k"],
             cache_type_v=cfg_d["cache_type_v"], flash_attn=cfg_d["flash_attn"], n_ubatch=cfg_d["n_ubatch"],
@@ -1604,7 +1639,8 @@ class _Diagnosis:
             kv_update=self.kv_update, alloc_limit=self.limit,
             offloaded_layers=to_int(str(off).split("/")[0]) if off else None, vllm=f.vllm, sglang=f.sglang, tgi=f.tgi,
             weak=self.weak, has_memory_event=self.has_memory_event,
-            kv_basis="failed_buffer" if bpt is not None and size is None else ("model" if size is not None else None),
+            kv_basis=("ollama_layout" if getattr(self, "kv_from_layout", False) else "failed_buffer")
+            if bpt is not None and size is None else ("model" if size is not None else None),
             n_gpu_layers_log=f.ollama.get("num_gpu"), kv_budget_mib=getattr(self, "budget_mib", None),
             kv_share=self._kv_share(failure.get("failing_device")),
             n_ctx_rounded=self._rounded_ctx(),

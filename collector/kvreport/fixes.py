@@ -55,7 +55,8 @@ class Situation:
 
     ``kv_at(n_ctx=None, n_seq=None, cache_type=None, kv_unified=None, swa_full=None) -> float | None``
     gives the attention-KV MiB of a changed configuration (kvreport.kvcache arithmetic, or linear in the context
-    when ``kv_basis`` is ``"failed_buffer"``: the per-token cost derived from the failed KV buffer and n_ctx).
+    when ``kv_basis`` is ``"failed_buffer"`` / ``"ollama_layout"``: the per-token cost derived from the failed KV buffer,
+    or from the KV of Ollama's layout, and n_ctx).
     ``n_gpu_layers_log``: a GPU layer count the log itself states (Ollama's ``num_gpu = N``).
     ``kv_budget_mib``: the MiB the KV may use on the failing device, the budget ``max_ctx_fit`` was computed against
     (free memory at the failure for a KV failure; that plus the device's own KV minus the compute buffer for a compute
@@ -482,7 +483,8 @@ def _reduce_ctx(b: _Builder, rank: float) -> None:
         return
     if _reduce_ctx_by_examples(b, rank):
         return
-    basis = " (per-token cost derived from the failed KV buffer)" if s.kv_basis == "failed_buffer" else ""
+    basis = {"failed_buffer": " (per-token cost derived from the failed KV buffer)",
+             "ollama_layout": " (per-token cost derived from the KV of Ollama's memory layout)"}.get(s.kv_basis or "", "")
     fit = _fit_now(s)
     train = _train_total(s)
     budget = s.kv_budget_mib if s.kv_budget_mib is not None else s.free_at_failure_mib
@@ -1541,7 +1543,8 @@ def _v0_chunked(s: Situation, batched: int) -> dict:
     cfg = v.get("config") or {}
     max_len = s.flags.get("max_model_len") or to_int(cfg.get("max_model_len") or cfg.get("max_seq_len"))
     ver = re.match(r"(\d+)\.(\d+)", str(v.get("version") or ""))
-    v0 = cfg.get("chunked_prefill_enabled") == "False" or (ver is not None and (int(ver[1]), int(ver[2])) < (0, 8))
+    v0 = cfg.get("chunked_prefill_enabled") == "False" or (ver is not None and (int(ver[1]), int(ver[2])) < (0, 8)) \
+        or s.flags.get("enable_chunked_prefill") is False  # (turned off in the command or the args line)
     if not v0 or s.flags.get("enable_chunked_prefill") is True or (isinstance(max_len, int) and batched >= max_len):
         return {}
     return {"--enable-chunked-prefill": True}

@@ -123,6 +123,41 @@ def size_to_mib(value: float, unit: str) -> float:
     return value
 
 
+PY_ARG_TYPES = {"tensor_parallel_size": int, "pipeline_parallel_size": int, "gpu_memory_utilization": float,
+                "max_model_len": int, "max_num_seqs": int, "max_num_batched_tokens": int, "enable_chunked_prefill": bool,
+                "kv_cache_dtype": str, "enforce_eager": bool, "cpu_offload_gb": float,
+                # SGLang's ServerArgs
+                "tp_size": int, "mem_fraction_static": float, "context_length": int, "max_running_requests": int,
+                "chunked_prefill_size": int}
+"""The settings of a Python engine that its own start-up line prints and the fixes read (vLLM V0 "args: Namespace(...)",
+V1 "non-default args: {...}", SGLang "server_args=ServerArgs(...)"), each with its type."""
+_PY_ARG = re.compile(r"'?\b(" + "|".join(PY_ARG_TYPES) + r")'?(?:=|: )('[^']*'|\"[^\"]*\"|[^,)}\s]+)")
+
+
+def py_args(line: str) -> dict:
+    """The :data:`PY_ARG_TYPES` settings an engine's argument line prints, typed; ``None`` values are left out."""
+    out = {}
+    for key, raw in _PY_ARG.findall(line):
+        raw = raw.strip("'\"")
+        if raw in ("None", "null", ""):
+            continue
+        kind = PY_ARG_TYPES[key]
+        if kind is bool:
+            if raw in ("True", "False", "true", "false"):
+                out[key] = raw.lower() == "true"
+        elif kind is int:
+            v = to_int(raw)
+            if v is not None:
+                out[key] = v
+        elif kind is float:
+            v = to_float(raw)
+            if v is not None:
+                out[key] = v
+        else:
+            out[key] = raw
+    return out
+
+
 def re2_options():
     """RE2's options for the keyword alternations (a few hundred literals): a DFA budget of 64 MiB, not the default 8,
     which a line of tens of KiB with many near-matches (a CR-only log read as one line, a progress bar) used up --

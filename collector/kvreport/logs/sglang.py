@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvreport.logs.common import py_args
 from kvreport.logs.facts import LogFacts
 
 
@@ -76,6 +77,12 @@ def _weight_begin(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
     # (total_gpu_memory in profile_max_num_token)
     f.engine_hints["sglang"] += 2
     f.sglang["avail_before_weights_mib"] = float(m.group(1)) * 1024.0
+    return False
+
+
+def _server_args(f: LogFacts, m: re.Match, line: str, lineno: int) -> bool:
+    f.sglang.setdefault("args", {}).update(py_args(line))
+    f.engine_hints["sglang"] += 2
     return False
 
 
@@ -188,6 +195,9 @@ RULES: tuple[Rule, ...] = (
     Rule("weights begin", ("Load weight begin",), re.compile(r"Load weight begin\. avail mem=([\d.]+) GB"), _weight_begin),
     Rule("weights loaded", ("Load weight end",),
          re.compile(r"Load weight end\..*?avail mem=([\d.]+) GB,\s*mem usage=([\d.]+) GB"), _weight),
+    # server_args=ServerArgs(model_path=..., mem_fraction_static=0.88, tp_size=1, context_length=None, ...): the
+    # settings in effect, when no command line is given
+    Rule("server args", ("ServerArgs(",), re.compile(r"ServerArgs\("), _server_args),
     Rule("mem_fraction_static", ("mem_fraction_static=",), re.compile(r"mem_fraction_static=([\d.]+)"), _fraction),
     Rule("KV pool stage", ("memory_pool", "mem_cache"), re.compile(r"memory_pool|mem_cache"), _pool_stage),
     Rule("profiled pool", ("profiled value",),

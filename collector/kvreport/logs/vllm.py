@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from kvreport.logs.common import to_float, to_int
+from kvreport.logs.common import py_args, to_float, to_int
 from kvreport.logs.facts import LogFacts
 from kvreport.logs.oom import stage_of, torch_oom
 
@@ -19,6 +19,11 @@ KEYWORDS = ("vLLM", "vllm", "KV cache", "max seq len", "gpu_memory_utilization",
             # V1's GPU worker and model runner records, and its sleep mode (RL trainers' colocated rollouts:
             # "[gpu_worker.py:81] Sleep mode freed 42.16 GiB memory, 16.79 GiB memory is still in use.")
             "[gpu_worker.py:", "[gpu_model_runner.py:", "Sleep mode freed",
+            # the settings it runs with: V0's api_server "args: Namespace(...)", V1's "non-default args: {...}"
+            "args: Namespace(", "non-default args:",
+            # its engine config ("Initializing an LLM engine (v0.5.3) with config: ... device_config=cuda ...", V1:
+            # "Initializing a V1 LLM engine (v0.10.1) with config: ...")
+            "LLM engine (v",
             # V0's scheduler (core/scheduler.py _preempt): "Sequence group 221 is preempted by
             # PreemptionMode.RECOMPUTE mode because there is not enough KV cache space" (a warning; it carries on)
             "PreemptionMode.",
@@ -59,7 +64,7 @@ _WEIGHTS = re.compile(r"(?:Model loading|Loading model weights) took ([\d.]+)\s*
 _VERSION = re.compile(r"(?:vLLM API server version|vLLM server version|LLM engine \(v)\s*v?([\d][\w.\-+]*)")
 _AUTOFIT = re.compile(r"Auto-fit max_model_len: reduced from (\d+) to (\d+)")
 _CONFIG = re.compile(r"(max_seq_len|kv_cache_dtype|tensor_parallel_size|gpu_memory_utilization|max_model_len|"
-                     r"chunked_prefill_enabled)=([\w.\-]+)")
+                     r"chunked_prefill_enabled|device_config)=([\w.\-]+)")
 _PROFILE = re.compile(r"total_gpu_memory=([\d.]+)GiB")
 
 
@@ -78,6 +83,21 @@ def _msg_backend(line: str) -> str | None:
     """vLLM's capacity errors on its CPU backend name that backend's knob ("Try increasing `VLLM_CPU_KVCACHE_SPACE`",
     2025+); the GPU wording names gpu_memory_utilization and says nothing of the backend."""
     return "cpu" if "VLLM_CPU_KVCACHE_SPACE" in line else None
+
+
+def _settings(f: LogFacts, line: str) -> None:
+    """The settings vLLM prints for itself: its args line (V0 "args: Namespace(...)", V1 "non-default args: {...}";
+    the values in effect when no command line is given), its engine config (``_CONFIG``) and the profiler's total."""
+    v = f.vllm
+    if "args: Namespace(" in line or "non-default args:" in line:
+        v.setdefault("args", {}).update(py_args(line))
+    if "=" in line and ("engine" in line.lower() or "Memory profiling" in line):
+        for k, val in _CONFIG.findall(line):
+            v.setdefault("config", {})[k] = val
+        m = _PROFILE.search(line)
+        if m:
+            v["total_gpu_gib"] = float(m.group(1))
+            f.engine_hints["vllm"] += 1
 
 
 def feed(f: LogFacts, line: str, lineno: int) -> None:
@@ -104,13 +124,8 @@ def feed(f: LogFacts, line: str, lineno: int) -> None:
     if m:
         v["version"] = m.group(1)
         f.engine_hints["vllm"] += 3
-    if "=" in line and ("engine" in line.lower() or "Memory profiling" in line):
-        for k, val in _CONFIG.findall(line):
-            v.setdefault("config", {})[k] = val
-        m = _PROFILE.search(line)
-        if m:
-            v["total_gpu_gib"] = float(m.group(1))
-            f.engine_hints["vllm"] += 1
+    if "=" in line or "args:" in line:
+        _settings(f, line)
     m = _WEIGHTS.search(line)
     if m:
         v["weights_mib"] = float(m.group(1)) * 1024.0
