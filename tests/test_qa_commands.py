@@ -127,3 +127,17 @@ def test_ollamas_layout_gives_the_kv_cost_and_the_graph_it_must_leave_room_for()
     assert d["memory"]["max_ctx_fit"]["f16"] == 18944
     ctx = next(s for s in d["suggestions"] if s["id"] == "reduce-ctx")
     assert ctx["change"] == {"OLLAMA_CONTEXT_LENGTH": 18944}, ctx
+
+
+def test_ollamas_server_config_gives_its_slots_and_context():
+    """The "server config" record is Ollama's command line: 4 slots of 65,536 tokens, so one slot comes first and a
+    smaller context is a per-request value of a runner context of 262,144."""
+    d = analyze_text((QA / "o9-ollama013-docker-sysmem-parallel.log").read_text())
+    assert [s["id"] for s in d["suggestions"]][:2] == ["reduce-parallel", "reduce-ctx"], d["suggestions"]
+    assert d["suggestions"][0]["change"] == {"OLLAMA_NUM_PARALLEL": 1}
+
+
+def test_an_old_ollama_gets_no_setting_it_does_not_have():
+    """Ollama 0.1.25 has no OLLAMA_KV_CACHE_TYPE (0.5.0+) and no Ollama has a per-GPU split: neither is offered."""
+    ids = [s["id"] for s in analyze_text((QA / "o6-ollama01-rocm-kv.log").read_text())["suggestions"]]
+    assert "quantize-kv-cache" not in ids and "rebalance-devices" not in ids, ids

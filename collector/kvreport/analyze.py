@@ -300,6 +300,13 @@ class _Diagnosis:
             cmd["flags"] = parsed.get("flags") or {}
         self.command = cmd
         self.flags = dict(cmd.get("flags") or {}) if cmd else {}
+        env = self.f.ollama.get("server_env")
+        if env:
+            # Ollama logs its settings at start-up ("server config"): what a command line would give, below the
+            # command's own
+            from kvreport.cmdline import ollama_env_flags
+
+            self.flags = {**ollama_env_flags(env), **self.flags}
 
     # -- helpers
     def _log_flags(self) -> dict:
@@ -1118,8 +1125,9 @@ class _Diagnosis:
             n_ctx, src = f.ollama["kv_size"], "log"
         if not n_ctx and self.summary and self.summary.get("n_ctx"):
             n_ctx, src = int(self.summary["n_ctx"]), "log"  # a typed summary: "requested ctx=262144"
+        per_request = False
         if not n_ctx and isinstance(fl.get("context_length"), int):
-            n_ctx, src = fl["context_length"], "command"
+            n_ctx, src, per_request = fl["context_length"], "command", True
         sl = f.source_lines
         self.trail["n_ctx_line"] = next((sl[k] for k in ("ctx:n_ctx", "ctx:kv_size", "fit:ctx", "kv",
                                                          "ctx:ollama_kv_size") if k in sl), None) \
@@ -1134,6 +1142,8 @@ class _Diagnosis:
                 f.ollama.get("parallel") or None
             n_seq_known = n_seq is not None
             n_seq = n_seq or 1
+        if per_request and f.ollama and n_seq_known and n_seq > 1:
+            n_ctx *= n_seq  # (OLLAMA_CONTEXT_LENGTH is each request's: the runner's context is it x the slots)
         uni = ctx.get("kv_unified")
         if uni is not None:
             kv_unified = str(uni).lower() in ("true", "1")

@@ -1211,6 +1211,13 @@ def _parse_kobold(args: list[str], flags: dict[str, Any]) -> None:
         flags[canon] = value
 
 
+def ollama_env_flags(env: dict[str, str]) -> dict[str, Any]:
+    """The flags an ``ollama serve`` line with these OLLAMA_* variables gives (the server config Ollama logs)."""
+    flags: dict[str, Any] = {}
+    _parse_ollama(["ollama", "serve"], [], {k: v for k, v in env.items() if v != ""}, flags)
+    return flags
+
+
 def _parse_ollama(program_part: list[str], args: list[str], env: dict[str, str], flags: dict[str, Any]) -> None:
     for name, key in _OLLAMA_ENV.items():
         if name in env:

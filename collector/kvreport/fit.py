@@ -359,7 +359,14 @@ def log_free_mib(facts) -> tuple[float, str, float, str] | None:
     printed = {n: d for n, d in (facts.devices or {}).items() if d.get("free_mib") is not None and backend_of_device(n)}
     gpus = {n: d for n, d in printed.items() if backend_of_device(n) != "cpu"} or printed  # a CPU-only run: its RAM
     if not gpus:
-        return None
+        # Ollama's own figure for its one GPU, before it loaded anything ('msg="offload to cuda" memory.available=
+        # "[11.6 GiB]"', 'msg="gpu memory" available=...'): the weights it then placed on a GPU come off it
+        o = facts.ollama or {}
+        avail = [x for x in (o.get("offload_available_mib") or o.get("gpu_available_mib") or []) if x is not None]
+        names = {b.get("device") for b in facts.buffers or [] if backend_of_device(b.get("device")) not in (None, "cpu")}
+        if len(avail) != 1 or len(names) > 1:
+            return None
+        gpus = {(names.pop() if names else "GPU"): {"free_mib": avail[0]}}
     placed = [b for b in facts.buffers or [] if b.get("device") in gpus and b.get("mib")]
     used = sum(float(b["mib"]) for b in placed if not b.get("dry_run")
                and not any(w in str(b.get("kind", "")) for w in ("KV", "RS", "compute")))

@@ -409,11 +409,16 @@ def _ctx_change(s: Situation, n: int) -> dict:
     return {"--ctx-size": n}
 
 
+def _ollama_before(s: Situation, version: tuple[int, int, int]) -> bool:
+    """The log's Ollama version is known and older than ``version``."""
+    ver = re.match(r"(\d+)\.(\d+)\.(\d+)", s.ollama_version or "")
+    return bool(ver) and tuple(map(int, ver.groups())) < version
+
+
 def _ollama_ctx_knob(s: Situation) -> str:
     """Ollama's context setting: OLLAMA_CONTEXT_LENGTH (the server's default, 0.5.13+), else num_ctx (a Modelfile's
     PARAMETER or the request's option), the only one older servers read."""
-    ver = re.match(r"(\d+)\.(\d+)\.(\d+)", s.ollama_version or "")
-    return "num_ctx" if ver and tuple(map(int, ver.groups())) < (0, 5, 13) else "OLLAMA_CONTEXT_LENGTH"
+    return "num_ctx" if _ollama_before(s, (0, 5, 13)) else "OLLAMA_CONTEXT_LENGTH"
 
 
 def _ctx_title(s: Situation, n: int) -> str:
@@ -645,6 +650,8 @@ def _quantize(b: _Builder, rank: float) -> None:
         return  # even the smallest context does not fit at q8_0: other rules apply
     if _is_ollama(s) and s.min_cuda_compute is not None and s.min_cuda_compute < 7.0:
         return  # Ollama keeps flash attention off on a GPU under compute 7.0, and with it an f16 cache (llm/server.go)
+    if _is_ollama(s) and _ollama_before(s, (0, 5, 0)):
+        return  # OLLAMA_KV_CACHE_TYPE came with Ollama 0.5.0: an older server ignores it (a no-op)
     if _is_ollama(s):
         change = {"OLLAMA_KV_CACHE_TYPE": "q8_0", "OLLAMA_FLASH_ATTENTION": 1}
     else:
@@ -784,8 +791,11 @@ def _rebalance(b: _Builder, rank: float) -> None:
     s = b.s
     idx = _dev_index(s.failing_device)
     n = max(s.n_devices, (idx + 1) if idx is not None else 0)
-    if n < 2 or idx is None or (s.split_room_mib is not None and s.split_room_mib < 0) or s.backend == "metal":
-        return  # (the devices together lack the room: no split places the load; a Mac has one GPU, however named)
+    if n < 2 or idx is None or (s.split_room_mib is not None and s.split_room_mib < 0) or s.backend == "metal" \
+            or _is_ollama(s):
+        # (the devices together lack the room: no split places the load; a Mac has one GPU, however named; Ollama
+        # has no setting for a per-GPU split, it places the layers itself)
+        return
     split = ["1"] * n
     split[idx] = "0.5"
     room = (f"; the {n} devices together keep {_mib(s.split_room_mib)} MiB after it" if s.split_room_mib is not None
@@ -2184,6 +2194,7 @@ RULES: tuple[Rule, ...] = (
     _r("rebalance-devices", LLAMA, "model_weights", weights_on_gpu, 2, _rebalance),
     _r("free-device-memory", LLAMA, "model_weights", not_host_cap, 3, _free_memory),
     _r("reduce-ctx", LLAMA, "memory_budget", budget_names_cache, -0.5, _reduce_ctx),
+    _r("reduce-parallel", LLAMA, "memory_budget", ollama_slots_multiply_ctx, -0.3, _reduce_parallel),
     _r("smaller-model-or-quant", LLAMA, "memory_budget", budget_gap_large, 0, _smaller_model),
     _r("smaller-model-or-quant", LLAMA, "memory_budget", budget_gap_small, 1, _smaller_model),
     _r("reduce-ctx", LLAMA, "memory_budget", budget_gap_small, 0, _reduce_ctx),

@@ -148,6 +148,9 @@ def _offload_record(f: LogFacts, a: dict, msg: str, line: str, lineno: int) -> N
         f.ctx.setdefault("offloaded_layers", f"{off}/{total}")
 
 
+_SERVER_ENV = re.compile(r"\b(OLLAMA_[A-Z_]+):([^\s\]]*)")
+
+
 def _msg_record(f: LogFacts, line: str, lineno: int) -> bool:
     """Ollama's structured records (``msg="offload to cuda"``, ``msg="kv cache"``, ``msg="inference compute"``...)."""
     o = f.ollama
@@ -169,6 +172,10 @@ def _msg_record(f: LogFacts, line: str, lineno: int) -> bool:
         o["gpu_library"] = a.get("library")
     elif msg in _DETECTED:  # Ollama 0.1.2x gpu.go: 'msg="Radeon GPU detected"', 'msg="Nvidia GPU detected via cudart"'
         o.setdefault("gpu_library", _DETECTED[msg])
+    elif msg == "server config":
+        # routes.go at start-up: every OLLAMA_* setting in effect ('env="map[OLLAMA_CONTEXT_LENGTH:65536
+        # OLLAMA_NUM_PARALLEL:4 OLLAMA_KV_CACHE_TYPE:q8_0 ...]"'), the server's own command line
+        o["server_env"] = dict(_SERVER_ENV.findall(line))
     elif msg == "system memory":
         o["host_free_mib"] = _mib(a.get("free"))
     elif msg == "starting llama server":
