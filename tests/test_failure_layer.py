@@ -436,6 +436,8 @@ EXAMPLES = [
      "kv_capacity"),
     ("vllm-cumem-allocator", "Runtime Error: Cuda error: out of memory at /workspace/csrc/cumem_allocator.cpp: 62", "cuda",
      "unknown"),
+    ("ios-jetsam", "Task 1: EXC_RESOURCE (RESOURCE_TYPE_MEMORY: high watermark memory limit exceeded) (limit=6144 MB)",
+     "cpu", "unknown"),
     ("mlx-resource-limit", "RuntimeError: [metal::malloc] Resource limit (499000) exceeded", "metal", "unknown"),
     ("torch-allocator-warning", "[rank0]:[W922 05:15:28] memory allocation failed with OOM on device 0 while trying to "
                                 "allocate 3630170112 bytes (free: 202833920, total: 25250627584).", "cuda", "unknown"),

@@ -588,9 +588,13 @@ RULES: tuple[OomRule, ...] = (
             "Python MemoryError (not LMDeploy's block manager's, read by lmdeploy-no-enough: a KV pool, not the host)"),
     # -- iOS / iPadOS jetsam, as the system tells the user: "The app “X” has been killed by the operating system
     #    because it is using too much memory." (the process's memory limit, not a device allocation)
-    OomRule("ios-jetsam", ("using too much memory",),
-            re.compile(r"killed by the operating system because it is using too much memory"), "cpu",
-            "iOS jetsam's memory-limit notice (MLC Chat and other phone apps)"),
+    OomRule("ios-jetsam", ("using too much memory", "RESOURCE_TYPE_MEMORY"),
+            re.compile(r"killed by the operating system because it is using too much memory|"
+                       # the kernel's per-process limit as Xcode's debugger reports it ("EXC_RESOURCE
+                       # (RESOURCE_TYPE_MEMORY: high watermark memory limit exceeded) (limit=6144 MB)", mlx-swift-lm#209)
+                       r"EXC_RESOURCE \(RESOURCE_TYPE_MEMORY: [\w ]*memory limit exceeded\)"), "cpu",
+            "iOS jetsam's memory-limit notice (MLC Chat and other phone apps); xnu's EXC_RESOURCE for a process over "
+            "its memory limit"),
     # -- macOS's kernel (xnu kern_memorystatus.c) when swap runs out: "low swap: killing largest compressed process
     #    with pid N (name) and size M MB" (as `log show` prints it); M is the victim's compressed size, not a request
     OomRule("macos-low-swap", ("low swap: killing",), re.compile(r"low swap: killing largest compressed process"), "cpu",
