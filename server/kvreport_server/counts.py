@@ -20,14 +20,16 @@ every cluster's day rows. The value holds from ``trend_day`` (the day it was com
 ``trend_until`` (NULL: for good): the day before the first day on which one of the cluster's day rows
 crosses a week boundary (:func:`trend_until`), so a new day changes only the rows with bundles on the
 two days that cross, and :func:`refresh_trends` (the first ``sort=trend`` request of a day) rewrites only
-those, in one UPDATE. A writer keeps the value on the cluster row it updates anyway, after its day rows:
-it locks the row first (the lock the UPDATE takes, one statement earlier) and reads the trend; a value
-that holds today gets the writer's change (:func:`trend_delta`) and the earlier of the two last days;
-any other is summed again from the cluster's day rows (at most 14 and those after today, through the
-primary key). Because the row is locked before the UPDATE starts, that UPDATE reads every day row
-committed by a writer before it (PostgreSQL: a new statement, a new snapshot), and a writer still
-running adds its own change after it: the stored trend stays exact under concurrent writers, at
-midnight too.
+those, in one UPDATE. A writer keeps the value in the UPDATE of the cluster row it makes anyway, after
+its day rows: where the stored value holds on the writer's today, it adds the writer's change
+(:func:`trend_delta`) and takes the earlier of the two last days; PostgreSQL evaluates that on the row
+as the previous writer committed it (a waiting UPDATE re-reads the row), so concurrent writers each add
+their own change. Where it does not hold (the first write after a day it no longer holds on), the
+UPDATE marks it (``RESUM``) and a second UPDATE, a new statement on the row now locked, sums the
+cluster's day rows as of today again (at most 14 and those after today, through the primary key): that
+statement reads every day row a writer committed before it, and a writer still running adds its own
+change after it. So the stored trend stays exact under concurrent writers, at midnight too, for one
+statement per upload as before.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from kvreport_server.models import Bundle, Cluster, ClusterDay, ClusterFacet, En
 
 CT, BT, DT = Cluster.__table__, Bundle.__table__, ClusterDay.__table__
 TREND_DAYS = 7  # the trend compares the last 7 days with the 7 before
+RESUM = dt.date(1970, 1, 1)  # trend_until for a moment inside a writer: its trend is to be summed again
 
 
 def utc_today() -> dt.date:
@@ -185,9 +188,16 @@ def _cluster_update(parts: frozenset[str], dialect: str = ""):
     if "verdict" in parts:  # not part of the key (scheme 2): the cluster shows a known one once a bundle has it
         values["verdict"] = case((c.verdict.is_(None) | (c.verdict == "unknown"),
                                   bindparam("p_verdict", type_=CT.c.verdict.type)), else_=c.verdict)
-    if "trend_set" in parts:  # worked out from the row read under its lock and this change
-        values.update(trend=bindparam("p_trend", type_=c.trend.type), trend_until=bindparam("p_until", type_=Date()),
-                      trend_day=bindparam("p_today", type_=Date()))
+    if "trend_add" in parts or "trend_add_until" in parts:  # this change, where the stored trend holds today
+        today = bindparam("p_today", type_=Date())
+        holds = (c.trend_day.is_(None) | (c.trend_day <= today)) & (c.trend_until.is_(None) | (c.trend_until >= today))
+        until = c.trend_until
+        if "trend_add_until" in parts:  # the earlier of the two last days
+            new_until = bindparam("p_until", type_=Date())
+            until = case((c.trend_until.is_(None) | (c.trend_until > new_until), new_until), else_=c.trend_until)
+        values.update(trend=case((holds, c.trend + bindparam("p_trend", type_=c.trend.type)), else_=c.trend),
+                      trend_day=case((holds, today), else_=c.trend_day),
+                      trend_until=case((holds, until), else_=bindparam("p_resum", type_=Date())))
     if "trend_sum" in parts:  # summed from the day rows (this transaction's included) as of today
         values.update(trend=_trend_sum(c.id), trend_until=_until_sum(c.id, dialect),
                       trend_day=bindparam("p_today", type_=Date()))
@@ -298,19 +308,12 @@ class Counts:
                 more -= {"times", "builds", "version"}
             parts |= more
             values.update(more_values)
-        if cid in self.day_changes:
-            # lock the row before the UPDATE reads the day rows (see the module docstring)
-            now = session.execute(_LOCK_ROW, {"p_id": cid}).one_or_none()
-            today, changes = self.today, self.day_changes[cid]
-            if now is not None and (now.trend_day is None or now.trend_day <= today) and (
-                    now.trend_until is None or today <= now.trend_until):  # it holds today: add this change
-                ends = [e for e in (now.trend_until, trend_until((day for day, _d in changes), today)) if e]
-                parts.add("trend_set")
-                values.update(p_trend=now.trend + trend_delta(changes, today), p_until=min(ends, default=None),
-                              p_today=today)
-            else:
-                parts.add("trend_sum")
-                values.update(trend_window(today))
+        if cid in self.day_changes:  # see the module docstring
+            changes = self.day_changes[cid]
+            until = trend_until((day for day, _d in changes), self.today)
+            parts.add("trend_add" if until is None else "trend_add_until")
+            values.update(p_trend=trend_delta(changes, self.today), p_until=until, p_today=self.today,
+                          p_resum=RESUM)
         if cid in self.titles:
             parts.add("title")
             values["p_title"] = self.titles[cid]
@@ -318,17 +321,17 @@ class Counts:
             parts.add("count")  # locks the row before its bundles are read
         if not parts:
             return None
-        row = session.execute(_cluster_update(frozenset(parts), session.get_bind().dialect.name),
-                              {"p_count": 0, "p_machines": 0, **values}).one_or_none()
+        dialect = session.get_bind().dialect.name
+        row = session.execute(_cluster_update(frozenset(parts), dialect), {"p_count": 0, "p_machines": 0, **values}
+                              ).one_or_none()
+        if row is not None and row.trend_until == RESUM:  # the row is locked now: sum its day rows as of today
+            row = session.execute(_cluster_update(frozenset({"trend_sum"}), dialect),
+                                  {"p_id": cid, "p_now": utcnow(), **trend_window(self.today)}).one_or_none()
         if cid in self.lost:  # the row is locked now: the cluster's bundles are settled
             rng = {f"p_{k}": v for k, v in _range_of(session, cid).items()}
             row = session.execute(_cluster_update(frozenset({"range"})), {"p_id": cid, "p_now": utcnow(), **rng}
                                   ).one_or_none()
         return row
-
-
-_LOCK_ROW = (select(CT.c.trend, CT.c.trend_day, CT.c.trend_until).where(CT.c.id == bindparam("p_id", type_=CT.c.id.type))
-             .with_for_update(key_share=True))  # FOR NO KEY UPDATE: the lock an UPDATE of the row takes
 
 
 @functools.cache

@@ -269,3 +269,18 @@ def test_trend_order_and_search_read_indexes(db):
             search = _plan(s, select(Cluster.id).where(_search("cuda", "postgresql")))
             for name in ("ix_clusters_title_trgm", "ix_clusters_key_trgm", "ix_cluster_facets_value_trgm"):
                 assert name in search, search
+
+
+def test_a_write_on_a_trend_that_no_longer_holds_sums_it_again(db, today):
+    """No sort=trend request on the new day: the upload finds the stored trend past its last day (the
+    bundle of 6 days ago moved to last week) and sums the cluster's days again, in the same transaction."""
+    t0 = today[0]
+    store.ingest(db, bundle_from_case(DISTINCT[0]), received_at=at(t0 - dt.timedelta(days=6)))
+    with db.Session() as s:
+        assert s.execute(select(Cluster.trend, Cluster.trend_day, Cluster.trend_until)).one() == (1, t0, t0)
+    today[0] = t0 + dt.timedelta(days=1)
+    store.ingest(db, bundle_from_case(DISTINCT[0]), received_at=at(today[0]))
+    with db.Session() as s:  # -1 (last week) + 1 (today), holding until the older bundle leaves, 7 days on
+        assert s.execute(select(Cluster.trend, Cluster.trend_day, Cluster.trend_until)).one() == (
+            0, today[0], today[0] + dt.timedelta(days=6))
+    assert_consistent(db)
