@@ -32,9 +32,11 @@ def test_every_line_a_rule_matches_passes_the_prefilter():
     missed = []
     for log in LOGS:
         for line in log.read_text(errors="replace").splitlines():
+            if is_key_line(line):
+                continue  # (a key line passes whatever rule matches it: only the others are searched)
             for name, rules in TABLES.items():
                 for r in rules:
-                    if r.pattern.search(line) and not is_key_line(line):
+                    if r.pattern.search(line):
                         missed.append((log.parent.name, name, getattr(r, "id", getattr(r, "name", "?")), line[:100]))
     assert not missed, missed[:10]
 
