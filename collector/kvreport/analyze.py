@@ -47,7 +47,7 @@ import re
 
 from kvreport import fixes, strict
 from kvreport.logs import LogFacts, parse_log
-from kvreport.logs.common import MIB, py_args, to_float, to_int
+from kvreport.logs.common import MIB, to_float, to_int, typed_settings
 from kvreport.logs.oom import FATAL, HOST_RULES, REQUEST_RULES, backend_of_words
 from kvreport.signature import signature
 from kvreport.units import BYTES_PER_VALUE, fmt_mib
@@ -299,30 +299,26 @@ class _Diagnosis:
             cmd = {**parsed, **{k: v for k, v in cmd.items() if v}}
             cmd["flags"] = parsed.get("flags") or {}
         self.command = cmd
-        self.flags = dict(cmd.get("flags") or {}) if cmd else {}
-        env = self.f.ollama.get("server_env")
-        if env:
-            # Ollama logs its settings at start-up ("server config"): what a command line would give, below the
-            # command's own
-            from kvreport.cmdline import ollama_env_flags
-
-            self.flags = {**ollama_env_flags(env), **self.flags}
+        # the settings the engine printed for itself, below the command's own
+        self.flags = {**self._log_flags(), **(dict(cmd.get("flags") or {}) if cmd else {})}
 
     # -- helpers
     def _log_flags(self) -> dict:
-        """The settings a Python engine printed for itself (vLLM's engine config and its args line, SGLang's
-        ServerArgs), typed and named as the command's flags: the current values the fixes start from when the command
-        line does not give them (a fix that "raises" a value to the one in effect would be a no-op)."""
+        """The settings the engine printed for itself, typed and named as the command's flags: vLLM's engine config
+        and its args line, SGLang's ServerArgs, Ollama's "server config" record (its OLLAMA_* environment). They are
+        the current values when the command line does not give them (a fix that "raises" a value to the one in effect
+        would be a no-op; Ollama's slots and context size its KV)."""
         f = self.f
         cfg = (f.vllm or {}).get("config") or {}
-        out = py_args(", ".join(f"{k}={v}" for k, v in cfg.items()))
-        if cfg.get("max_seq_len") and "max_model_len" not in out:
-            out["max_model_len"] = to_int(cfg["max_seq_len"])
-        if cfg.get("chunked_prefill_enabled") in ("True", "False"):
-            out["enable_chunked_prefill"] = cfg["chunked_prefill_enabled"] == "True"
+        out = typed_settings({**cfg, "max_model_len": cfg.get("max_model_len") or cfg.get("max_seq_len"),
+                              "enable_chunked_prefill": cfg.get("chunked_prefill_enabled")})
         out.update((f.vllm or {}).get("args") or {})
         out.update((f.sglang or {}).get("args") or {})
-        return {k: v for k, v in out.items() if v is not None}
+        if f.ollama.get("server_env"):
+            from kvreport.cmdline import ollama_env_flags
+
+            out.update(ollama_env_flags(f.ollama["server_env"]))
+        return out
 
     def finding(self, kind: str, text: str, line: str | None = None) -> None:
         if len(self.findings) < 30:
@@ -1451,6 +1447,14 @@ class _Diagnosis:
                          f"is about {_fmt(head)} MiB, kept out of the KV's budget ({_fmt(budget_mib)} MiB)")
         return budget_mib
 
+    def _budget_less(self, free: float, head: float, why: str, dev: str | None) -> float:
+        """The KV's budget: ``free`` less the compute headroom ``head`` (``why``: what it is), said as a finding."""
+        self.headroom_mib, self.headroom_why = head, why
+        budget = max(0.0, free - head)
+        self.finding("kv_headroom", f"the largest context that fits counts the KV alone within the {_fmt(free)} MiB left on "
+                     f"{dev or 'the failing device'} minus {why}: {_fmt(budget)} MiB")
+        return budget
+
     def _kv_budget(self, failure: dict, kv: float | None) -> float | None:
         """MiB available to the KV cache on the failing device."""
         free = getattr(self, "free_at_failure", None)
@@ -1481,22 +1485,14 @@ class _Diagnosis:
                     # a few hundred MiB, so keep half of what is free for it
                     head, why = free / 2, (f"half of it ({_fmt(free / 2)} MiB) for the compute buffer (llama.cpp's "
                                            f"--fit margin of {_fmt(DEFAULT_HEADROOM_MIB)} MiB is more than the device has)")
-            self.headroom_mib, self.headroom_why = head, why
-            budget = max(0.0, free - head)
-            self.finding("kv_headroom", f"the largest context that fits counts the KV alone within the {_fmt(free)} MiB left on "
-                         f"{dev or 'the failing device'} minus {why}: {_fmt(budget)} MiB")
-            return budget
+            return self._budget_less(free, head, why, dev)
         if failure["phase"] == "context" and getattr(self, "kv_from_layout", False):
             # Ollama planned KV and compute graph on that device and the context could not be created: the KV must
             # leave room for the graph its own layout gives there
             dev = failure.get("failing_device")
             graph = sum(x["mib"] for x in self.f.ollama.get("layout") or []
                         if x.get("what") == "compute graph" and x.get("mib") and (not dev or x.get("device") == dev))
-            budget = max(0.0, free - graph)
-            self.headroom_mib, self.headroom_why = graph, f"the {_fmt(graph)} MiB compute graph of Ollama's layout"
-            self.finding("kv_headroom", f"the largest context that fits counts the KV alone within the {_fmt(free)} MiB "
-                         f"left on {dev or 'the failing device'} minus {self.headroom_why}: {_fmt(budget)} MiB")
-            return budget
+            return self._budget_less(free, graph, f"the {_fmt(graph)} MiB compute graph of Ollama's layout", dev)
         if failure["phase"] == "compute_buffer" and failure["requested_mib"] is not None:
             # the KV was already allocated there; it must leave room for the compute buffer
             mine = kv * self._kv_share(failure.get("failing_device")) if kv else 0.0
@@ -1520,7 +1516,7 @@ class _Diagnosis:
                 self.finding("ctx_exceeds_train", "the context per sequence is larger than the model was trained "
                              "for", w)
         n_train = to_int(f.hparams.get("n_ctx_train"))
-        if n_train and cfg_d.get("n_ctx") and "n_ctx" not in self.flags and self.flags and \
+        if n_train and cfg_d.get("n_ctx") and "n_ctx" not in self.flags and (self.command or {}).get("flags") and \
                 cfg_d["n_ctx"] >= n_train and failure["phase"] == "kv_cache" and self.engine() != "ollama":
             self.finding("default_ctx", f"no -c was given, so llama.cpp used the model's full training context "
                          f"({n_train} tokens)")
@@ -1639,8 +1635,7 @@ class _Diagnosis:
             engine=engine, phase=failure["phase"], backend=failure["backend"], verdict=failure["verdict"],
             failing_device=failure["failing_device"], requested_mib=failure["requested_mib"],
             free_mib=failure["free_mib"], free_at_failure_mib=getattr(self, "free_at_failure", None),
-            command=self.command or None, flags={**self._log_flags(), **self.flags},
-            n_ctx=mem["inputs"].get("n_ctx") or cfg_d["n_ctx"],
+            command=self.command or None, flags=self.flags, n_ctx=mem["inputs"].get("n_ctx") or cfg_d["n_ctx"],
             n_ctx_requested=n_req, n_ctx_train=to_int(f.hparams.get("n_ctx_train")) or (shape.n_ctx_train if shape else None),
             n_seq=cfg_d["n_seq"], kv_unified=cfg_d["kv_unified"], cache_type_k=cfg_d["cache_type_k"],
             cache_type_v=cfg_d["cache_type_v"], flash_attn=cfg_d["flash_attn"], n_ubatch=cfg_d["n_ubatch"],

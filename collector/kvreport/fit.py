@@ -68,6 +68,13 @@ def _fit_for(shape: ModelShape, budget_bytes: float, base: KVConfig, t: str) -> 
     return n, max(exact, n)
 
 
+def _streams(parallel, kv_unified) -> tuple[int, bool]:
+    """(n_seq, kv_unified) as llama-server takes them: one unified stream for one sequence, split streams for an
+    explicit ``-np N`` unless ``-kvu`` says otherwise."""
+    n_seq = max(1, int(parallel or 1))
+    return n_seq, (n_seq == 1) if kv_unified is None else bool(kv_unified)
+
+
 def fit_report(shape: ModelShape, ctx_size: int | None, free_mib: float, parallel: int | None = None,
                kv_unified: bool | None = None, cache_type_k: str | None = None,
                cache_type_v: str | None = None, swa_full: bool = False, headroom_mib: float = 0.0,
@@ -87,8 +94,7 @@ def fit_report(shape: ModelShape, ctx_size: int | None, free_mib: float, paralle
     rounding), ``max_ctx_fit_parallel_1``, ``fits``, ``budget_mib``, ``n_ctx``, ``n_ctx_train``,
     ``notes``.
     """
-    n_seq = max(1, int(parallel or 1))
-    unified = (n_seq == 1) if kv_unified is None else bool(kv_unified)
+    n_seq, unified = _streams(parallel, kv_unified)
     # As in llama.cpp (common/arg.cpp), -ctk and -ctv are independent; each defaults to f16.
     tk, tv = normalize_type(cache_type_k or "f16"), normalize_type(cache_type_v or "f16")
     for t in (tk, tv):
@@ -426,8 +432,7 @@ def fit_from_options(model_path=None, log_path=None, hf_config=None, ctx_size=No
         free, source, head, why = log_room
         no_fa = (log_ctx or {}).pop("_no_fa", None)
         if no_fa and headroom_mib is None:
-            n_seq = parallel or 1
-            unified = (n_seq == 1) if kv_unified is None else bool(kv_unified)
+            n_seq, unified = _streams(parallel, kv_unified)
             cfg = KVConfig(n_ctx=int(ctx_size or 0), n_seq=n_seq, kv_unified=unified)
             budget, comp = no_fa_budget(shape, cfg, max(0.0, free - head), head, no_fa["n_ubatch"], no_fa["n_head"],
                                         no_fa["n_vocab"])

@@ -136,25 +136,27 @@ _PY_ARG = re.compile(r"'?\b(" + "|".join(PY_ARG_TYPES) + r")'?(?:=|: )('[^']*'|\
 
 def py_args(line: str) -> dict:
     """The :data:`PY_ARG_TYPES` settings an engine's argument line prints, typed; ``None`` values are left out."""
+    return typed_settings({key: raw.strip("'\"") for key, raw in _PY_ARG.findall(line)})
+
+
+def typed_settings(raw: dict) -> dict:
+    """``{name: text}`` -> the :data:`PY_ARG_TYPES` settings among them, typed (``"0.95"`` -> 0.95, ``"False"`` ->
+    False); unknown names, ``None`` and values that do not read as their type are left out."""
     out = {}
-    for key, raw in _PY_ARG.findall(line):
-        raw = raw.strip("'\"")
-        if raw in ("None", "null", ""):
+    for key, text in raw.items():
+        kind, text = PY_ARG_TYPES.get(key), str(text)
+        if kind is None or text in ("None", "null", ""):
             continue
-        kind = PY_ARG_TYPES[key]
         if kind is bool:
-            if raw in ("True", "False", "true", "false"):
-                out[key] = raw.lower() == "true"
+            value = {"true": True, "false": False}.get(text.lower())
         elif kind is int:
-            v = to_int(raw)
-            if v is not None:
-                out[key] = v
+            value = to_int(text)
         elif kind is float:
-            v = to_float(raw)
-            if v is not None:
-                out[key] = v
+            value = to_float(text)
         else:
-            out[key] = raw
+            value = text
+        if value is not None:
+            out[key] = value
     return out
 
 
